@@ -1,0 +1,992 @@
+/* run.c: load a model.bin (mmap + validation), run the Llama forward pass with a KV-cache policy, sample, and drive
+ * the generate / chat / tokenize / detokenize modes from the command line.
+ * The cache and its policies live behind kv.h; evaluation modes (ppl, passkey, bench) live in eval.c.
+ * It deliberately reads no foreign format (that is export.c) and batches nothing in decode: one token at a time.
+ *
+ * Dimensions: dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, kv_dim (= n_kv_heads * head_dim),
+ * q_dim (= n_heads * head_dim), vocab_size, seq_len. Indices: l layer, h head, t position, i row.
+ */
+#include "run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+int run_errorf(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+#define errorf run_errorf
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Loading model.bin (docs/FORMAT.md). Every size in the header is checked against the file length before use.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static uint32_t rd_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static int32_t rd_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static float rd_f32(const uint8_t *p) { float v; memcpy(&v, p, 4); return v; }
+static uint64_t rd_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* Bytes of the weight section a config implies (FORMAT.md's order, each tensor 64-byte aligned). */
+static size_t weights_bytes_for(const Config *c) {
+    size_t d = c->dim, hd = c->head_dim, q = (size_t)c->n_heads * hd, kv = (size_t)c->n_kv_heads * hd, f = 4;
+    size_t per_layer = align64(d * f) + align64(q * d * f) + 2 * align64(kv * d * f) + align64(d * q * f)
+                       + align64(d * f) + 3 * align64((size_t)c->hidden_dim * d * f);
+    size_t b = align64((size_t)c->vocab_size * d * f) + (c->has_rope_factors ? align64(hd / 2 * f) : 0)
+               + (size_t)c->n_layers * per_layer + align64(d * f);
+    if (!c->tied) b += align64((size_t)c->vocab_size * d * f);
+    return b;
+}
+
+int model_parse(Model *m, const uint8_t *data, size_t size, char *err, size_t errlen) {
+    if (size < MODEL_HEADER_BYTES)
+        return errorf(err, errlen, "file is %zu bytes, shorter than the %d-byte model.bin header", size,
+                      MODEL_HEADER_BYTES);
+    if (rd_u32(data) != MODEL_MAGIC)
+        return errorf(err, errlen, "not a kvlab model.bin (magic 0x%08x, expected 0x%08x); convert with ./export",
+                      rd_u32(data), MODEL_MAGIC);
+    if (rd_u32(data + 4) != MODEL_VERSION)
+        return errorf(err, errlen, "model.bin version %u is not supported (this build reads version %d); re-export",
+                      rd_u32(data + 4), MODEL_VERSION);
+    Config *c = &m->config;
+    c->dim = rd_i32(data + 8);
+    c->hidden_dim = rd_i32(data + 12);
+    c->n_layers = rd_i32(data + 16);
+    c->n_heads = rd_i32(data + 20);
+    c->n_kv_heads = rd_i32(data + 24);
+    c->head_dim = rd_i32(data + 28);
+    c->vocab_size = rd_i32(data + 32);
+    c->seq_len = rd_i32(data + 36);
+    c->rope_pairing = rd_i32(data + 40);
+    c->tied = rd_i32(data + 44);
+    c->wtype = rd_i32(data + 48);
+    c->has_rope_factors = rd_i32(data + 52);
+    c->rope_theta = rd_f32(data + 56);
+    c->norm_eps = rd_f32(data + 60);
+    uint64_t tok_off = rd_u64(data + 64), tok_bytes = rd_u64(data + 72);
+    uint64_t w_off = rd_u64(data + 80), w_bytes = rd_u64(data + 88), file_bytes = rd_u64(data + 96);
+    if (file_bytes != size)
+        return errorf(err, errlen, "file is %zu bytes but its header says %llu: truncated or corrupt", size,
+                      (unsigned long long)file_bytes);
+    for (int i = 104; i < MODEL_HEADER_BYTES; i++)
+        if (data[i]) return errorf(err, errlen, "reserved header byte %d is not zero: corrupt header", i);
+    if (tok_bytes && (tok_off < MODEL_HEADER_BYTES || tok_off > size || tok_bytes > size - tok_off))
+        return errorf(err, errlen, "tokenizer section (offset %llu, %llu bytes) lies outside the file",
+                      (unsigned long long)tok_off, (unsigned long long)tok_bytes);
+    m->tokenizer_section = tok_bytes ? data + tok_off : NULL;
+    m->tokenizer_bytes = tok_bytes;
+    m->vocab_only = c->n_layers == 0;
+    if (m->vocab_only) {
+        if (!tok_bytes) return errorf(err, errlen, "model.bin has neither layers nor a tokenizer");
+        return 0;
+    }
+    /* ranges: generous upper bounds that no real Llama reaches, low enough that products cannot overflow size_t */
+    struct { const char *name; long v, lo, hi; } f[] = {
+        {"dim", c->dim, 1, 1 << 16}, {"hidden_dim", c->hidden_dim, 1, 1 << 18}, {"n_layers", c->n_layers, 1, 1024},
+        {"n_heads", c->n_heads, 1, 1024}, {"n_kv_heads", c->n_kv_heads, 1, 1024}, {"head_dim", c->head_dim, 2, 1024},
+        {"vocab_size", c->vocab_size, 1, 1 << 22}, {"seq_len", c->seq_len, 1, 1 << 24},
+        {"rope_pairing", c->rope_pairing, 0, 1}, {"tied", c->tied, 0, 1}, {"wtype", c->wtype, 0, 0},
+        {"has_rope_factors", c->has_rope_factors, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v < f[i].lo || f[i].v > f[i].hi)
+            return errorf(err, errlen, "header field %s = %ld is out of range [%ld, %ld]", f[i].name, f[i].v,
+                          f[i].lo, f[i].hi);
+    if (c->n_heads % c->n_kv_heads)
+        return errorf(err, errlen, "n_heads %d is not a multiple of n_kv_heads %d", c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2) return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", c->head_dim);
+    if (!(c->rope_theta > 0 && c->rope_theta < 1e12f))
+        return errorf(err, errlen, "rope_theta %g is out of range (0, 1e12)", c->rope_theta);
+    if (!(c->norm_eps > 0 && c->norm_eps < 1))
+        return errorf(err, errlen, "norm_eps %g is out of range (0, 1)", c->norm_eps);
+    size_t need = weights_bytes_for(c);
+    if (w_bytes != need)
+        return errorf(err, errlen, "weight section is %llu bytes but the config needs %zu",
+                      (unsigned long long)w_bytes, need);
+    if (w_off % 64 || w_off < MODEL_HEADER_BYTES || w_off > size || w_bytes > size - w_off)
+        return errorf(err, errlen, "weight section (offset %llu, %llu bytes) lies outside the file or is unaligned",
+                      (unsigned long long)w_off, (unsigned long long)w_bytes);
+
+    /* carve the weights (FORMAT.md's order) */
+    const uint8_t *p = data + w_off;
+    size_t d = c->dim, hd = c->head_dim, q = (size_t)c->n_heads * hd, kv = (size_t)c->n_kv_heads * hd;
+#define TAKE(n) ((const float *)(p += align64((n) * 4), p - align64((n) * 4)))
+    Weights *w = &m->w;
+    w->token_embedding = TAKE((size_t)c->vocab_size * d);
+    w->rope_factors = c->has_rope_factors ? TAKE(hd / 2) : NULL;
+    w->layers = calloc((size_t)c->n_layers, sizeof(LayerWeights));
+    if (!w->layers) return errorf(err, errlen, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerWeights *L = &w->layers[l];
+        L->attn_norm = TAKE(d);
+        L->wq = TAKE(q * d);
+        L->wk = TAKE(kv * d);
+        L->wv = TAKE(kv * d);
+        L->wo = TAKE(d * q);
+        L->ffn_norm = TAKE(d);
+        L->w1 = TAKE((size_t)c->hidden_dim * d);
+        L->w2 = TAKE(d * c->hidden_dim);
+        L->w3 = TAKE((size_t)c->hidden_dim * d);
+    }
+    w->final_norm = TAKE(d);
+    w->classifier = c->tied ? w->token_embedding : TAKE((size_t)c->vocab_size * d);
+#undef TAKE
+    if (c->has_rope_factors)
+        for (int i = 0; i < c->head_dim / 2; i++)
+            if (!(w->rope_factors[i] > 0 && w->rope_factors[i] < 1e6f))
+                return errorf(err, errlen, "rope factor %d = %g is not a positive finite number", i, w->rope_factors[i]);
+    return 0;
+}
+
+int model_open(Model *m, const char *path, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return errorf(err, errlen, "cannot open model '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return errorf(err, errlen, "model '%s' is not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return errorf(err, errlen, "model '%s' is empty", path);
+    }
+    m->size = (size_t)st.st_size;
+    m->data = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m->data == MAP_FAILED) {
+        m->data = NULL;
+        return errorf(err, errlen, "cannot mmap model '%s': %s", path, strerror(errno));
+    }
+    char why[400];
+    if (model_parse(m, m->data, m->size, why, sizeof why)) {
+        model_close(m);
+        return errorf(err, errlen, "model '%s': %s", path, why);
+    }
+    if (m->tokenizer_section) {
+        if (tokenizer_init(&m->tokenizer, m->tokenizer_section, m->tokenizer_bytes, why, sizeof why)) {
+            model_close(m);
+            return errorf(err, errlen, "model '%s': tokenizer: %s", path, why);
+        }
+        m->has_tokenizer = 1;
+        if (!m->vocab_only && m->tokenizer.vocab_size != m->config.vocab_size) {
+            model_close(m);
+            return errorf(err, errlen, "model '%s': tokenizer has %d tokens but the model's vocab is %d", path,
+                          m->tokenizer.vocab_size, m->config.vocab_size);
+        }
+    }
+    return 0;
+}
+
+void model_close(Model *m) {
+    if (m->has_tokenizer) tokenizer_free(&m->tokenizer);
+    free(m->w.layers);
+    if (m->data) munmap((void *)m->data, m->size);
+    memset(m, 0, sizeof *m);
+}
+
+KVShape model_kv_shape(const Model *m, int seq_len) {
+    const Config *c = &m->config;
+    KVShape s = {c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, seq_len, c->rope_theta, c->rope_pairing,
+                 m->w.rope_factors};
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * The forward pass
+ * ------------------------------------------------------------------------------------------------------------- */
+
+int state_init(RunState *s, const Config *c) {
+    size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
+    size_t d = (size_t)c->dim > q ? (size_t)c->dim : q;
+    size_t n = 3 * d + 2 * (size_t)c->hidden_dim + q + 2 * kv + q + (size_t)c->vocab_size;
+    s->mem = calloc(n, sizeof(float));
+    if (!s->mem) return -1;
+    float *p = s->mem;
+    s->x = p; p += d;
+    s->xb = p; p += d;
+    s->xb2 = p; p += d;
+    s->hb = p; p += c->hidden_dim;
+    s->hb2 = p; p += c->hidden_dim;
+    s->q = p; p += q;
+    s->k = p; p += kv;
+    s->v = p; p += kv;
+    s->att = p; p += q;
+    s->logits = p;
+    return 0;
+}
+
+void state_free(RunState *s) { free(s->mem); s->mem = NULL; }
+
+/* out = w ⊙ x / sqrt(mean(x²) + eps)  (RMSNorm, Zhang & Sennrich 2019). */
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = w[i] * (r * x[i]);
+}
+
+/* One row: Σ_j w[j]·x[j], with 16 independent partial sums (one per vector lane) added in a fixed order, so the
+ * compiler can vectorize it without -ffast-math and the result does not depend on the thread count. */
+static float dot_f32(const float *w, const float *x, int n) {
+    float acc[16] = {0};
+    int j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int k = 0; k < 16; k++) acc[k] += w[j + k] * x[j + k];
+    float s = 0;
+    for (; j < n; j++) s += w[j] * x[j];
+    for (int k = 0; k < 16; k++) s += acc[k];
+    return s;
+}
+
+/* out (rows) = W (rows, cols) · x (cols). Rows are split over threads; each output is computed by one thread. */
+void matmul(float *out, const float *x, const float *W, int rows, int cols) {
+    /* small matrices stay on one thread: waking the team costs more than the work */
+    #pragma omp parallel for schedule(static) if ((size_t)rows * cols >= 65536)
+    for (int i = 0; i < rows; i++) out[i] = dot_f32(W + (size_t)i * cols, x, cols);
+}
+
+static void timer_add(double *acc, double t0);
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static void timer_add(double *acc, double t0) { if (acc) *acc += now_s() - t0; }
+
+int forward(Model *m, RunState *s, KVCache *cache, int token, int pos) {
+    const Config *c = &m->config;
+    const Weights *w = &m->w;
+    int dim = c->dim, hd = c->head_dim, q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
+    double t0;
+    memcpy(s->x, w->token_embedding + (size_t)token * dim, (size_t)dim * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *L = &w->layers[l];
+        /* attention block: xb = RMSNorm(x); q, k, v projections (before RoPE: the cache applies it per pos mode) */
+        rmsnorm(s->xb, s->x, L->attn_norm, dim, c->norm_eps);
+        t0 = now_s();
+        matmul(s->q, s->xb, L->wq, q_dim, dim);
+        matmul(s->k, s->xb, L->wk, kv_dim, dim);
+        matmul(s->v, s->xb, L->wv, kv_dim, dim);
+        timer_add(&s->t_matmul, t0);
+        /* steps 1-2: evict if a lane is full, store k and v; steps 3-4: attend, show the policy the probabilities */
+        t0 = now_s();
+        if (kv_append(cache, l, pos, s->k, s->v)) return -1;
+        kv_attend_cpu(cache, s->att, l, pos, s->q);
+        timer_add(&s->t_attn, t0);
+        /* x += Wo · att */
+        t0 = now_s();
+        matmul(s->xb2, s->att, L->wo, dim, q_dim);
+        for (int i = 0; i < dim; i++) s->x[i] += s->xb2[i];
+        /* SwiGLU feed-forward: x += W2 · (silu(W1 · xb) ⊙ W3 · xb), xb = RMSNorm(x) (Shazeer 2020) */
+        rmsnorm(s->xb, s->x, L->ffn_norm, dim, c->norm_eps);
+        matmul(s->hb, s->xb, L->w1, c->hidden_dim, dim);
+        matmul(s->hb2, s->xb, L->w3, c->hidden_dim, dim);
+        for (int i = 0; i < c->hidden_dim; i++) {
+            float g = s->hb[i];
+            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+        }
+        matmul(s->xb, s->hb, L->w2, dim, c->hidden_dim);
+        for (int i = 0; i < dim; i++) s->x[i] += s->xb[i];
+        timer_add(&s->t_matmul, t0);
+    }
+    rmsnorm(s->x, s->x, w->final_norm, dim, c->norm_eps);
+    t0 = now_s();
+    matmul(s->logits, s->x, w->classifier, c->vocab_size, dim);
+    timer_add(&s->t_matmul, t0);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Sampling
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* splitmix64 (Steele et al. 2014): any seed, 0 included, gives a well-mixed stream. */
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float rand_f32(uint64_t *state) { return (splitmix64(state) >> 40) * (1.0f / 16777216.0f); }  /* [0,1) */
+
+int sample_argmax(const float *logits, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+typedef struct { float p; int i; } ProbIndex;
+static int cmp_prob_desc(const void *a, const void *b) {
+    const ProbIndex *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->i - y->i;   /* ties by id: the order never depends on qsort's internals */
+}
+
+int sampler_init(Sampler *sp, int vocab_size, float temperature, float topp, uint64_t seed) {
+    sp->vocab_size = vocab_size;
+    sp->temperature = temperature;
+    sp->topp = topp;
+    sp->rng = seed;
+    sp->probindex = malloc((size_t)vocab_size * sizeof(ProbIndex));
+    return sp->probindex ? 0 : -1;
+}
+void sampler_free(Sampler *sp) { free(sp->probindex); }
+
+/* Greedy at temperature 0; otherwise softmax(logits / T), then top-p: the smallest set of most likely tokens whose
+ * mass is >= p (Holtzman et al. 2019), renormalized. Modifies logits. */
+int sample(Sampler *sp, float *logits) {
+    int n = sp->vocab_size;
+    if (sp->temperature == 0.0f) return sample_argmax(logits, n);
+    float mx = logits[0];
+    for (int i = 1; i < n; i++) if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) { logits[i] = expf((logits[i] - mx) / sp->temperature); sum += logits[i]; }
+    ProbIndex *pi = sp->probindex;
+    for (int i = 0; i < n; i++) { pi[i].p = (float)(logits[i] / sum); pi[i].i = i; }
+    qsort(pi, (size_t)n, sizeof *pi, cmp_prob_desc);
+    int last = n - 1;
+    double cum = 0;
+    if (sp->topp < 1.0f)
+        for (int i = 0; i < n; i++) { cum += pi[i].p; if (cum >= sp->topp) { last = i; break; } }
+    double mass = 0;
+    for (int i = 0; i <= last; i++) mass += pi[i].p;
+    double r = rand_f32(&sp->rng) * mass, acc = 0;
+    for (int i = 0; i <= last; i++) { acc += pi[i].p; if (r < acc) return pi[i].i; }
+    return pi[last].i;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Command line (DESIGN.md, CLI). Numbers are parsed strictly: the whole string, in range, or an error.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+int parse_long(const char *s, long lo, long hi, long *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int parse_float(const char *s, double lo, double hi, double *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
+static const char *const MODES[] = {"generate", "chat", "ppl", "passkey", "bench", "tokenize", "detokenize"};
+
+void usage(FILE *f) {
+    fprintf(f,
+            "usage: ./run MODEL.bin [options]\n"
+            "  -m MODE     generate (default) | chat | ppl | passkey | bench | tokenize | detokenize\n"
+            "  -i TEXT     prompt (generate, chat, tokenize)\n"
+            "  -f FILE     text (ppl: repeatable, one document each; tokenize: text; detokenize: ids)\n"
+            "  -n N        tokens to generate, default 256, 0 = up to the context\n"
+            "  -t T        temperature, default 1.0, 0 = greedy\n"
+            "  -p P        top-p, default 0.9, in (0,1]\n"
+            "  -s SEED     random seed, default: from the clock (printed)\n"
+            "  -c N        full cache and shadow length, tokens; default: the trained context\n"
+            "  -y TEXT     system prompt (chat)\n"
+            "  -ids        print token ids instead of text     -bos   add BOS (tokenize; ids-only models)\n"
+            "  -kv SPEC    KV policy, NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench\n"
+            "              policies: %s\n"
+            "              budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
+            "              keys: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, pos=orig|cache, agg=mean|max\n"
+            "  -kvt TYPE   default storage type, f32\n"
+            "  -kvlog F    eviction log, JSON lines\n"
+            "  -d DEV      cpu | cuda, default cuda when usable\n"
+            "  -o F        results, JSON lines\n"
+            "  -chunk N    batched evaluation chunk (ppl, passkey)\n"
+            "  -ppl-mode M stream (default) | chunked (llama.cpp's)\n"
+            "  -tokenlog F per-token NLL/KL per policy, JSON lines\n"
+            "  -v          per-layer memory and policy detail\n"
+            "  -h          this help\n"
+            "threads: OMP_NUM_THREADS\n",
+            kv_policy_names());
+}
+
+int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
+    memset(o, 0, sizeof *o);
+    o->mode = "generate";
+    o->steps = 256;
+    o->temperature = 1.0f;
+    o->topp = 0.9f;
+    o->seed_set = 0;
+    o->kvt = KV_F32;
+    o->device = "auto";
+    o->ppl_mode = "stream";
+    if (argc < 2) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { o->help = 1; return 0; }
+    o->model_path = argv[1];
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        /* flags without a value */
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { o->help = 1; return 0; }
+        if (!strcmp(a, "-ids")) { o->print_ids = 1; continue; }
+        if (!strcmp(a, "-bos")) { o->add_bos = 1; continue; }
+        if (!strcmp(a, "-v")) { o->verbose = 1; continue; }
+        static const char *const with_value[] = {"-m", "-i", "-f", "-n", "-t", "-p", "-s", "-c", "-y", "-kv", "-kvt",
+                                                 "-kvlog", "-d", "-o", "-chunk", "-ppl-mode", "-tokenlog"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
+        if (!known)
+            return errorf(err, errlen, "unknown flag '%s' (-h lists the flags)", a);
+        if (i + 1 >= argc) return errorf(err, errlen, "flag %s needs a value (-h lists the flags)", a);
+        const char *v = argv[++i];
+        long n;
+        double x;
+        if (!strcmp(a, "-m")) {
+            int ok = 0;
+            for (size_t k = 0; k < sizeof MODES / sizeof *MODES; k++) ok |= !strcmp(v, MODES[k]);
+            if (!ok)
+                return errorf(err, errlen, "unknown mode '-m %s'; modes: generate, chat, ppl, passkey, bench, "
+                              "tokenize, detokenize", v);
+            o->mode = v;
+        } else if (!strcmp(a, "-i")) { o->prompt = v;
+        } else if (!strcmp(a, "-f")) {
+            if (o->n_files == MAX_FILES) return errorf(err, errlen, "too many -f files (at most %d)", MAX_FILES);
+            o->files[o->n_files++] = v;
+        } else if (!strcmp(a, "-n")) {
+            if (parse_long(v, 0, 1 << 30, &n)) return errorf(err, errlen, "bad -n '%s': a token count >= 0", v);
+            o->steps = (int)n;
+        } else if (!strcmp(a, "-t")) {
+            if (parse_float(v, 0, 100, &x)) return errorf(err, errlen, "bad -t '%s': a temperature in [0, 100]", v);
+            o->temperature = (float)x;
+        } else if (!strcmp(a, "-p")) {
+            if (parse_float(v, 0, 1, &x) || x == 0) return errorf(err, errlen, "bad -p '%s': top-p in (0, 1]", v);
+            o->topp = (float)x;
+        } else if (!strcmp(a, "-s")) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || *end || end == v || *v == '-')
+                return errorf(err, errlen, "bad -s '%s': a seed in [0, 2^64)", v);
+            o->seed = s;
+            o->seed_set = 1;
+        } else if (!strcmp(a, "-c")) {
+            if (parse_long(v, 1, 1 << 24, &n)) return errorf(err, errlen, "bad -c '%s': a context length >= 1", v);
+            o->ctx = (int)n;
+        } else if (!strcmp(a, "-y")) { o->system = v;
+        } else if (!strcmp(a, "-kv")) {
+            if (o->n_kv == MAX_POLICIES) return errorf(err, errlen, "too many -kv policies (at most %d)", MAX_POLICIES);
+            o->kv[o->n_kv++] = v;
+        } else if (!strcmp(a, "-kvt")) {
+            int ty = kv_type_parse(v);
+            if (ty < 0) return errorf(err, errlen, "unknown -kvt '%s'; types: f32, f16, bf16, q8, q4", v);
+            o->kvt = (KVType)ty;
+        } else if (!strcmp(a, "-kvlog")) { o->kvlog = v;
+        } else if (!strcmp(a, "-d")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return errorf(err, errlen, "unknown device '-d %s'; devices: cpu, cuda", v);
+            o->device = v;
+        } else if (!strcmp(a, "-o")) { o->out = v;
+        } else if (!strcmp(a, "-chunk")) {
+            if (parse_long(v, 1, 1 << 16, &n)) return errorf(err, errlen, "bad -chunk '%s': a chunk size in [1, 65536]", v);
+            o->chunk = (int)n;
+        } else if (!strcmp(a, "-ppl-mode")) {
+            if (strcmp(v, "stream") && strcmp(v, "chunked"))
+                return errorf(err, errlen, "unknown -ppl-mode '%s'; modes: stream, chunked", v);
+            o->ppl_mode = v;
+        } else if (!strcmp(a, "-tokenlog")) { o->tokenlog = v;
+        }
+    }
+    /* conflicts */
+    int gen = !strcmp(o->mode, "generate") || !strcmp(o->mode, "chat");
+    int multi = !strcmp(o->mode, "ppl") || !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench");
+    if (o->n_kv > 1 && !multi)
+        return errorf(err, errlen, "-kv given %d times: several policies run only in ppl, passkey and bench modes", o->n_kv);
+    if (o->system && strcmp(o->mode, "chat")) return errorf(err, errlen, "-y (system prompt) is for -m chat only");
+    if (o->prompt && o->n_files && !strcmp(o->mode, "tokenize"))
+        return errorf(err, errlen, "give the text with -i or -f, not both");
+    if (o->n_files && gen) return errorf(err, errlen, "-f is for ppl, tokenize and detokenize; give a prompt with -i");
+    if (o->n_files > 1 && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-f is repeatable only in ppl mode");
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Generation and chat
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "run: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(EXIT_FAILURE);
+}
+
+long peak_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* A growable list of token ids. */
+typedef struct { int *ids; size_t n, cap; } IdList;
+static void ids_push(IdList *l, int id) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->ids = realloc(l->ids, l->cap * sizeof(int));
+        if (!l->ids) die("out of memory");
+    }
+    l->ids[l->n++] = id;
+}
+static void ids_append_text(IdList *l, const Model *m, const char *text) {
+    int *ids;
+    size_t n;
+    char err[256];
+    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, strlen(text), 0, &ids, &n, err, sizeof err))
+        die("tokenizer: %s", err);
+    for (size_t i = 0; i < n; i++) ids_push(l, ids[i]);
+    free(ids);
+}
+static void ids_append_special(IdList *l, const Model *m, const char *marker) {
+    int id = tokenizer_find(&m->tokenizer, marker);
+    if (id < 0) die("the model's vocabulary has no token '%s' that its chat format needs", marker);
+    ids_push(l, id);
+}
+
+/* Parse "12 34 56" (whitespace-separated decimal ids) for ids-only prompts and detokenize. */
+static int parse_ids(const char *text, int vocab, IdList *out, char *err, size_t errlen) {
+    const char *p = text;
+    for (;;) {
+        while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+        if (!*p) return 0;
+        const char *s = p;
+        while (*p && *p != ' ' && *p != '\n' && *p != '\t' && *p != '\r') p++;
+        char tok[32];
+        size_t len = (size_t)(p - s);
+        if (len >= sizeof tok) return errorf(err, errlen, "token id '%.20s...' is not a number", s);
+        memcpy(tok, s, len);
+        tok[len] = 0;
+        long v;
+        if (parse_long(tok, LONG_MIN, LONG_MAX, &v)) return errorf(err, errlen, "token id '%s' is not a number", tok);
+        if (v < 0 || v >= vocab) return errorf(err, errlen, "token id %s is out of range [0, %d)", tok, vocab);
+        ids_push(out, (int)v);
+    }
+}
+
+/* The engine state of one generation: model, cache, sampler, the token stream so far. */
+typedef struct {
+    Model *m;
+    RunState s;
+    KVCache cache;
+    Sampler sampler;
+    IdList stream;     /* every token fed so far, by position */
+    int pos;           /* next position */
+    int capacity;      /* tokens the cache can ever hold (full), or INT_MAX for evicting policies */
+    FILE *kvlog;
+    TokenDecoder dec;
+    int print_ids;
+    double t_prompt, t_decode;
+    int n_prompt, n_gen;
+} Session;
+
+static void kvlog_event(void *ctx, int pos_now, int layer, int kv_head, int evicted_pos, double score,
+                        const char *reason) {
+    Session *se = ctx;
+    char piece[2 * TOKDEC_OUT_MAX + 8] = "";
+    if (se->m->has_tokenizer && evicted_pos >= 0 && (size_t)evicted_pos < se->stream.n) {
+        TokenDecoder d;
+        tokdec_init(&d, &se->m->tokenizer);
+        size_t n = tokdec_push(&d, se->stream.ids[evicted_pos], piece, sizeof piece - 8);
+        n += tokdec_flush(&d, piece + n, sizeof piece - 8 - n);
+        piece[n] = 0;
+    }
+    fprintf(se->kvlog, "{\"step\":%d,\"layer\":%d,\"kv_head\":%d,\"evicted_pos\":%d,\"token_id\":%d,\"token\":\"",
+            pos_now, layer, kv_head, evicted_pos,
+            evicted_pos >= 0 && (size_t)evicted_pos < se->stream.n ? se->stream.ids[evicted_pos] : -1);
+    json_write_string_body(se->kvlog, piece);
+    fprintf(se->kvlog, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", score, reason);
+}
+
+void json_write_string_body(FILE *f, const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+}
+
+static void session_init(Session *se, Model *m, const Options *o, uint64_t seed) {
+    memset(se, 0, sizeof *se);
+    se->m = m;
+    const Config *c = &m->config;
+    int ctx = o->ctx ? o->ctx : c->seq_len;
+    char err[512];
+    KVSpec spec;
+    if (kv_spec_parse(&spec, o->n_kv ? o->kv[0] : "full", o->kvt, err, sizeof err)) die("-kv: %s", err);
+    KVShape shape = model_kv_shape(m, ctx);
+    if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) die("-kv: %s", err);
+    se->capacity = se->cache.policy.ops->evicts ? INT_MAX : se->cache.budget;
+    if (state_init(&se->s, c) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
+        die("out of memory");
+    if (o->kvlog) {
+        se->kvlog = fopen(o->kvlog, "w");
+        if (!se->kvlog) die("cannot write -kvlog '%s': %s", o->kvlog, strerror(errno));
+        se->cache.on_evict = kvlog_event;
+        se->cache.evict_ctx = se;
+    }
+    if (m->has_tokenizer) tokdec_init(&se->dec, &m->tokenizer);
+    se->print_ids = o->print_ids || !m->has_tokenizer;
+}
+
+static void session_free(Session *se) {
+    if (se->kvlog) fclose(se->kvlog);
+    kv_cache_free(&se->cache);
+    state_free(&se->s);
+    sampler_free(&se->sampler);
+    free(se->stream.ids);
+}
+
+/* Feed one token at the next position. Returns 0, or -1 when the cache is full (full past -c). */
+static int session_feed(Session *se, int token) {
+    if (se->pos >= se->capacity) return -1;
+    ids_push(&se->stream, token);
+    if (forward(se->m, &se->s, &se->cache, token, se->pos)) { se->stream.n--; return -1; }
+    se->pos++;
+    return 0;
+}
+
+static void emit_token(Session *se, int id) {
+    if (se->print_ids) { printf("%d ", id); fflush(stdout); return; }
+    char buf[TOKDEC_OUT_MAX];
+    size_t n = tokdec_push(&se->dec, id, buf, sizeof buf);
+    fwrite(buf, 1, n, stdout);
+    fflush(stdout);
+}
+static void emit_flush(Session *se) {
+    if (!se->print_ids) {
+        char buf[TOKDEC_OUT_MAX];
+        size_t n = tokdec_flush(&se->dec, buf, sizeof buf);
+        fwrite(buf, 1, n, stdout);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+static int is_stop(const Model *m, int id, int extra_stop) {
+    if (!m->has_tokenizer) return 0;
+    return id == m->tokenizer.eos_id || id == m->tokenizer.eot_id || (extra_stop >= 0 && id == extra_stop);
+}
+
+/* Prefill the prompt ids, then sample up to `steps` tokens (or until a stop id or a full cache), printing them.
+ * Returns 1 when the cache filled up. */
+static int session_generate(Session *se, const IdList *prompt, int steps, int extra_stop) {
+    double t0 = now_s();
+    for (size_t i = 0; i < prompt->n; i++) {
+        if (session_feed(se, prompt->ids[i]))
+            die("the prompt needs more than the %d tokens the cache holds (-c); use a larger -c or an evicting "
+                "policy", se->capacity);
+    }
+    se->n_prompt += (int)prompt->n;
+    double t1 = now_s();
+    se->t_prompt += t1 - t0;
+    int full = 0;
+    for (int k = 0; k < steps; k++) {
+        int next = sample(&se->sampler, se->s.logits);
+        if (is_stop(se->m, next, extra_stop)) break;
+        emit_token(se, next);
+        se->n_gen++;
+        if (k + 1 == steps) break;
+        if (session_feed(se, next)) { full = 1; break; }
+    }
+    se->t_decode += now_s() - t1;
+    emit_flush(se);
+    if (full) fprintf(stderr, "run: the cache is full (%d tokens, -c): generation stopped\n", se->capacity);
+    return full;
+}
+
+static void print_summary(Session *se, const Options *o) {
+    KVBytes b = kv_bytes(&se->cache);
+    if (o->verbose) {
+        const KVShape *sh = &se->cache.shape;
+        fprintf(stderr, "layer  live slots per kv head (peak)\n");
+        for (int l = 0; l < sh->n_layers; l++) {
+            fprintf(stderr, "%5d ", l);
+            for (int g = 0; g < sh->n_kv_heads; g++) {
+                const KVLane *ln = &se->cache.lanes[l * sh->n_kv_heads + g];
+                fprintf(stderr, " %d (%d)", ln->n_live, ln->peak_live);
+            }
+            fprintf(stderr, "\n");
+        }
+        fprintf(stderr, "KV bytes: vectors %zu alloc / %zu live, metadata %zu alloc / %zu live, evictions %d\n",
+                b.vec_alloc, b.vec_live, b.meta_alloc, b.meta_live, se->cache.n_evictions);
+    }
+    double tps = se->n_gen > 1 && se->t_decode > 0 ? (se->n_gen - 1) / se->t_decode : 0;
+    fprintf(stderr, "prompt %d tok (%.1f tok/s), generated %d tok, %.2f tok/s, kv %s budget %d: %.2f MiB allocated "
+            "(formula 2*L*kvh*hd*tokens*bytes = %.2f MiB), %.2f MiB live, peak %.2f MiB; peak RSS %.1f MiB; device cpu\n",
+            se->n_prompt, se->t_prompt > 0 ? se->n_prompt / se->t_prompt : 0, se->n_gen, tps, se->cache.spec.text,
+            se->cache.budget, b.total_alloc / 1048576.0, b.formula_alloc / 1048576.0, b.total_live / 1048576.0,
+            b.peak_live / 1048576.0, peak_rss_kib() / 1024.0);
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) || S_ISDIR(st.st_mode)) die("'%s' is not a regular file", path);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) die("out of memory");
+    size_t r;
+    while ((r = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) { cap *= 2; buf = realloc(buf, cap + 1); if (!buf) die("out of memory"); }
+    }
+    if (ferror(f)) die("cannot read '%s'", path);
+    fclose(f);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* The chat formats kvlab renders, chosen from the model's chat template text. */
+typedef enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA2, CHAT_LLAMA3 } ChatFormat;
+
+static ChatFormat chat_format(const Model *m) {
+    const char *t = m->tokenizer.chat_template;
+    if (!t) return CHAT_NONE;
+    if (strstr(t, "<|im_start|>")) return CHAT_CHATML;
+    if (strstr(t, "<|start_header_id|>")) return CHAT_LLAMA3;
+    if (strstr(t, "[INST]")) return CHAT_LLAMA2;
+    return CHAT_NONE;
+}
+
+/* The default system prompt a ChatML template inserts when the conversation has none (SmolLM2's does), read from
+ * the template text: the literal after "<|im_start|>system\n" up to "<|im_end|>". Written to buf; 0 if none. */
+static int chatml_default_system(const Model *m, char *buf, size_t cap) {
+    const char *t = m->tokenizer.chat_template, *key = "<|im_start|>system\n";
+    const char *s = t ? strstr(t, key) : NULL;
+    if (!s) return 0;
+    s += strlen(key);
+    const char *e = strstr(s, "<|im_end|>");
+    if (!e || (size_t)(e - s) >= cap || memchr(s, '{', (size_t)(e - s))) return 0;
+    memcpy(buf, s, (size_t)(e - s));
+    buf[e - s] = 0;
+    return 1;
+}
+
+/* Append one user turn (and, first, the system turn) in the model's chat format, ending where the assistant's
+ * answer begins. Special markers are inserted as their ids; user text is encoded as plain text. Returns the id that
+ * ends the assistant's turn (-1 if only EOS does). */
+static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *system, const char *user, int first) {
+    switch (fmt) {
+    case CHAT_CHATML:
+        if (first && system) {
+            ids_append_special(l, m, "<|im_start|>");
+            ids_append_text(l, m, "system\n");
+            ids_append_text(l, m, system);
+            ids_append_special(l, m, "<|im_end|>");
+            ids_append_text(l, m, "\n");
+        }
+        ids_append_special(l, m, "<|im_start|>");
+        ids_append_text(l, m, "user\n");
+        ids_append_text(l, m, user);
+        ids_append_special(l, m, "<|im_end|>");
+        ids_append_text(l, m, "\n");
+        ids_append_special(l, m, "<|im_start|>");
+        ids_append_text(l, m, "assistant\n");
+        return tokenizer_find(&m->tokenizer, "<|im_end|>");
+    case CHAT_LLAMA3:
+        if (first) {
+            if (m->tokenizer.bos_id >= 0) ids_push(l, m->tokenizer.bos_id);
+            if (system) {
+                ids_append_special(l, m, "<|start_header_id|>");
+                ids_append_text(l, m, "system");
+                ids_append_special(l, m, "<|end_header_id|>");
+                ids_append_text(l, m, "\n\n");
+                ids_append_text(l, m, system);
+                ids_append_special(l, m, "<|eot_id|>");
+            }
+        }
+        ids_append_special(l, m, "<|start_header_id|>");
+        ids_append_text(l, m, "user");
+        ids_append_special(l, m, "<|end_header_id|>");
+        ids_append_text(l, m, "\n\n");
+        ids_append_text(l, m, user);
+        ids_append_special(l, m, "<|eot_id|>");
+        ids_append_special(l, m, "<|start_header_id|>");
+        ids_append_text(l, m, "assistant");
+        ids_append_special(l, m, "<|end_header_id|>");
+        ids_append_text(l, m, "\n\n");
+        return tokenizer_find(&m->tokenizer, "<|eot_id|>");
+    case CHAT_LLAMA2: {
+        /* <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]: Llama 2's chat format; each turn opens with BOS */
+        if (m->tokenizer.bos_id >= 0) ids_push(l, m->tokenizer.bos_id);
+        size_t n = strlen(user) + (system ? strlen(system) : 0) + 64;
+        char *text = malloc(n);
+        if (!text) die("out of memory");
+        if (first && system) snprintf(text, n, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system, user);
+        else snprintf(text, n, "[INST] %s [/INST]", user);
+        ids_append_text(l, m, text);
+        free(text);
+        return -1;
+    }
+    default: die("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
+    }
+    return -1;
+}
+
+static void run_chat(Session *se, const Options *o) {
+    const Model *m = se->m;
+    ChatFormat fmt = chat_format(m);
+    if (fmt == CHAT_NONE) die("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
+    char sysbuf[1024];
+    const char *system = o->system;
+    if (!system && fmt == CHAT_CHATML && chatml_default_system(m, sysbuf, sizeof sysbuf)) system = sysbuf;
+    char line[8192];
+    int interactive = isatty(fileno(stdin));
+    for (int turn = 0;; turn++) {
+        const char *user;
+        if (turn == 0 && o->prompt) user = o->prompt;
+        else {
+            if (interactive) { fprintf(stderr, "user> "); fflush(stderr); }
+            if (!fgets(line, sizeof line, stdin)) break;
+            line[strcspn(line, "\n")] = 0;
+            user = line;
+        }
+        IdList ids = {0};
+        int stop = chat_render(&ids, m, fmt, system, user, turn == 0);
+        if (interactive) { fprintf(stderr, "assistant> "); fflush(stderr); }
+        int full = session_generate(se, &ids, o->steps ? o->steps : INT_MAX, stop);
+        /* the end-of-turn marker closes the assistant's turn in the cache, as the template renders it */
+        if (!full && stop >= 0) {
+            if (session_feed(se, stop)) full = 1;
+            else if (fmt == CHAT_CHATML) { IdList nl = {0}; ids_append_text(&nl, m, "\n");
+                for (size_t i = 0; i < nl.n && !full; i++) full = session_feed(se, nl.ids[i]) != 0;
+                free(nl.ids); }
+        }
+        free(ids.ids);
+        if (full || (o->prompt && !interactive && turn == 0 && feof(stdin))) break;
+    }
+}
+
+static void run_generate(Session *se, const Options *o) {
+    const Model *m = se->m;
+    IdList prompt = {0};
+    char err[256];
+    if (!m->has_tokenizer) {
+        /* ids-only model: -i takes ids; BOS is llama2.c's id 1 */
+        if (o->add_bos || !o->prompt) ids_push(&prompt, 1);
+        if (o->prompt && parse_ids(o->prompt, m->config.vocab_size, &prompt, err, sizeof err))
+            die("-i on an ids-only model takes token ids: %s", err);
+    } else {
+        int bos = m->tokenizer.add_bos || o->add_bos;
+        if (bos && m->tokenizer.bos_id >= 0) ids_push(&prompt, m->tokenizer.bos_id);
+        if (o->prompt) ids_append_text(&prompt, m, o->prompt);
+        if (prompt.n == 0) {
+            if (m->tokenizer.bos_id < 0) die("empty prompt and the model has no BOS token: give a prompt with -i");
+            ids_push(&prompt, m->tokenizer.bos_id);
+        }
+    }
+    if (se->capacity != INT_MAX && prompt.n > (size_t)se->capacity)
+        die("the prompt is %zu tokens, longer than the context of %d tokens (-c) under '%s'", prompt.n,
+            se->capacity, se->cache.spec.text);
+    int steps = o->steps ? o->steps : (se->capacity != INT_MAX ? se->capacity : m->config.seq_len);
+    session_generate(se, &prompt, steps, -1);
+    free(prompt.ids);
+}
+
+static void run_tokenize(Model *m, const Options *o) {
+    if (!m->has_tokenizer) die("this model.bin has no tokenizer (ids-only)");
+    size_t len = 0;
+    char *text = NULL;
+    if (o->n_files) text = read_file(o->files[0], &len);
+    else if (o->prompt) len = strlen(o->prompt);
+    else die("tokenize needs text: -i TEXT or -f FILE");
+    int *ids;
+    size_t n;
+    char err[256];
+    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)(text ? text : o->prompt), len, o->add_bos, &ids, &n,
+                         err, sizeof err))
+        die("tokenizer: %s", err);
+    for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(text);
+}
+
+static void run_detokenize(Model *m, const Options *o) {
+    if (!m->has_tokenizer) die("this model.bin has no tokenizer (ids-only)");
+    if (!o->n_files) die("detokenize needs a file of ids: -f FILE");
+    size_t len;
+    char *text = read_file(o->files[0], &len), err[256];
+    if (strlen(text) != len) die("'%s' holds a NUL byte: a file of ids is decimal numbers", o->files[0]);
+    IdList ids = {0};
+    if (parse_ids(text, m->tokenizer.vocab_size, &ids, err, sizeof err)) die("'%s': %s", o->files[0], err);
+    TokenDecoder d;
+    tokdec_init(&d, &m->tokenizer);
+    char buf[TOKDEC_OUT_MAX];
+    for (size_t i = 0; i < ids.n; i++) fwrite(buf, 1, tokdec_push(&d, ids.ids[i], buf, sizeof buf), stdout);
+    fwrite(buf, 1, tokdec_flush(&d, buf, sizeof buf), stdout);
+    free(ids.ids);
+    free(text);
+}
+
+#ifndef KVLAB_NO_MAIN
+int main(int argc, char **argv) {
+    Options o;
+    char err[512];
+    if (options_parse(&o, argc, argv, err, sizeof err)) {
+        fprintf(stderr, "run: %s\n", err);
+        return EXIT_FAILURE;
+    }
+    if (o.help) { usage(stdout); return 0; }
+    if (!strcmp(o.device, "cuda")) die("-d cuda: this build has no CUDA attention (attn.cu is not built yet); use -d cpu");
+    Model m;
+    if (model_open(&m, o.model_path, err, sizeof err)) die("%s", err);
+    if (!strcmp(o.mode, "tokenize")) { run_tokenize(&m, &o); model_close(&m); return 0; }
+    if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return 0; }
+    if (m.vocab_only) die("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
+                          o.model_path);
+    if (!strcmp(o.mode, "ppl") || !strcmp(o.mode, "passkey") || !strcmp(o.mode, "bench"))
+        die("-m %s is not yet available in this build", o.mode);
+    if (o.ctx > m.config.seq_len)
+        fprintf(stderr, "run: note: -c %d is past the trained context of %d tokens\n", o.ctx, m.config.seq_len);
+    uint64_t seed = o.seed_set ? o.seed : (uint64_t)time(NULL);
+    Session se;
+    session_init(&se, &m, &o, seed);
+    fprintf(stderr, "run: %s: dim %d, %d layers, %d/%d heads, head_dim %d, vocab %d, ctx %d; kv '%s' budget %d "
+            "tokens per lane; seed %llu; threads %d\n", o.model_path, m.config.dim, m.config.n_layers, m.config.n_heads,
+            m.config.n_kv_heads, m.config.head_dim, m.config.vocab_size, m.config.seq_len, se.cache.spec.text,
+            se.cache.budget, (unsigned long long)seed,
+#ifdef _OPENMP
+            omp_get_max_threads()
+#else
+            1
+#endif
+    );
+    if (!strcmp(o.mode, "chat")) run_chat(&se, &o);
+    else run_generate(&se, &o);
+    print_summary(&se, &o);
+    session_free(&se);
+    model_close(&m);
+    return 0;
+}
+#endif

@@ -1,0 +1,135 @@
+/* run.h: the engine's types and the functions tests call: model.bin loading, the forward pass, sampling, and the
+ * command-line parser. run.c implements them; eval.c (evaluation modes) builds on them.
+ *
+ * Dimensions: dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, seq_len.
+ */
+#ifndef KVLAB_RUN_H
+#define KVLAB_RUN_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kv.h"
+#include "tokenizer.h"
+
+#define MODEL_MAGIC 0x424C564Bu   /* "KVLB" little-endian */
+#define MODEL_VERSION 1
+#define MODEL_HEADER_BYTES 256
+
+typedef struct {
+    int dim;            /* model width */
+    int hidden_dim;     /* SwiGLU width */
+    int n_layers, n_heads, n_kv_heads, head_dim;
+    int vocab_size;
+    int seq_len;        /* trained context, tokens */
+    int rope_pairing;   /* 0 adjacent pairs, 1 halves */
+    int tied;           /* classifier = embedding */
+    int wtype;          /* 0 f32 */
+    int has_rope_factors;
+    float rope_theta, norm_eps;
+} Config;
+
+typedef struct {
+    const float *attn_norm;  /* (dim) */
+    const float *wq;         /* (n_heads * head_dim, dim) */
+    const float *wk;         /* (n_kv_heads * head_dim, dim) */
+    const float *wv;         /* (n_kv_heads * head_dim, dim) */
+    const float *wo;         /* (dim, n_heads * head_dim) */
+    const float *ffn_norm;   /* (dim) */
+    const float *w1;         /* (hidden_dim, dim) gate */
+    const float *w2;         /* (dim, hidden_dim) down */
+    const float *w3;         /* (hidden_dim, dim) up */
+} LayerWeights;
+
+typedef struct {
+    const float *token_embedding;  /* (vocab_size, dim) */
+    const float *rope_factors;     /* (head_dim / 2) or NULL */
+    LayerWeights *layers;          /* (n_layers) */
+    const float *final_norm;       /* (dim) */
+    const float *classifier;       /* (vocab_size, dim); = token_embedding when tied */
+} Weights;
+
+typedef struct {
+    Config config;
+    Weights w;
+    const uint8_t *data;            /* the mmapped file */
+    size_t size;                    /* bytes */
+    const uint8_t *tokenizer_section;
+    size_t tokenizer_bytes;
+    Tokenizer tokenizer;
+    int has_tokenizer;              /* 0: an ids-only model */
+    int vocab_only;                 /* 1: a --vocab-only file, no layers */
+} Model;
+
+/* Activations of one decode step: one allocation, carved into named buffers. */
+typedef struct {
+    float *x;       /* (dim) residual stream */
+    float *xb;      /* (max(dim, q_dim)) */
+    float *xb2;     /* (max(dim, q_dim)) */
+    float *hb;      /* (hidden_dim) */
+    float *hb2;     /* (hidden_dim) */
+    float *q;       /* (n_heads * head_dim) */
+    float *k;       /* (n_kv_heads * head_dim) */
+    float *v;       /* (n_kv_heads * head_dim) */
+    float *att;     /* (n_heads * head_dim) attention output */
+    float *logits;  /* (vocab_size) */
+    float *mem;
+    double t_matmul, t_attn;   /* seconds spent, accumulated over calls */
+} RunState;
+
+typedef struct {
+    int vocab_size;
+    float temperature, topp;
+    uint64_t rng;        /* splitmix64 state */
+    void *probindex;     /* (vocab_size) scratch */
+} Sampler;
+
+#define MAX_FILES 64
+#define MAX_POLICIES 16
+typedef struct {
+    const char *model_path, *mode, *prompt, *system, *kvlog, *device, *out, *ppl_mode, *tokenlog;
+    const char *files[MAX_FILES];
+    int n_files;
+    const char *kv[MAX_POLICIES];
+    int n_kv;
+    int steps, ctx, chunk, print_ids, add_bos, verbose, help, seed_set;
+    float temperature, topp;
+    unsigned long long seed;
+    KVType kvt;
+} Options;
+
+/* Parse and validate a model.bin held in memory (data, size bytes). 0, or -1 + message. Never exits. */
+int model_parse(Model *m, const uint8_t *data, size_t size, char *err, size_t errlen);
+/* Open, mmap, validate, and load the tokenizer. 0, or -1 + message naming the file and the problem. */
+int model_open(Model *m, const char *path, char *err, size_t errlen);
+void model_close(Model *m);
+/* The cache geometry of the model with a context of seq_len tokens. */
+KVShape model_kv_shape(const Model *m, int seq_len);
+
+int state_init(RunState *s, const Config *c);
+void state_free(RunState *s);
+/* out (rows) = W (rows, cols) · x (cols), f32, rows split over threads (results independent of the thread count). */
+void matmul(float *out, const float *x, const float *W, int rows, int cols);
+/* One decode step of the token at position pos through every layer, with the cache's policy; logits in s->logits.
+ * Returns 0, or -1 when a lane is full and the policy cannot evict (full past its context). */
+int forward(Model *m, RunState *s, KVCache *cache, int token, int pos);
+
+int sampler_init(Sampler *sp, int vocab_size, float temperature, float topp, uint64_t seed);
+void sampler_free(Sampler *sp);
+int sample(Sampler *sp, float *logits);
+int sample_argmax(const float *logits, int n);
+
+/* Strict number parsing: the whole string, in [lo, hi]. 0, or -1. */
+int parse_long(const char *s, long lo, long hi, long *out);
+int parse_float(const char *s, double lo, double hi, double *out);
+/* The command line (DESIGN.md's CLI). 0, or -1 + message naming the bad flag or value. Never exits. */
+int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen);
+void usage(FILE *f);
+
+long peak_rss_kib(void);
+void json_write_string_body(FILE *f, const char *s);
+int run_errorf(char *err, size_t errlen, const char *fmt, ...);
+
+#endif

@@ -5,11 +5,13 @@ OPT     ?= -O3 -march=native
 CFLAGS  ?= $(OPT) -g -Wall -Wextra -Wno-unused-parameter -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
 OMP     := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
 LDLIBS  := -lm
+GIT     := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+CFLAGS  += -DKVLAB_GIT='"$(GIT)"'
 BUILD   ?= build
 
 # The engine's objects, shared by ./run, ./export and the tests. run.c and export.c are also compiled with
 # KVLAB_NO_MAIN so tests can call their loaders and parsers.
-ENGINE  := kv policies tokenizer
+ENGINE  := kv policies tokenizer eval
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
 LIB_O   := $(ENGINE_O) $(BUILD)/run_lib.o $(BUILD)/export_lib.o
 TESTS   := $(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c))

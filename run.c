@@ -264,7 +264,7 @@ void matmul(float *out, const float *x, const float *W, int rows, int cols) {
 }
 
 static void timer_add(double *acc, double t0);
-static double now_s(void) {
+double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -291,6 +291,7 @@ int forward(Model *m, RunState *s, KVCache *cache, int token, int pos) {
         if (kv_append(cache, l, pos, s->k, s->v)) return -1;
         kv_attend_cpu(cache, s->att, l, pos, s->q);
         timer_add(&s->t_attn, t0);
+        if (s->after_attn) s->after_attn(s->hook_ctx, l, cache, pos);
         /* x += Wo · att */
         t0 = now_s();
         matmul(s->xb2, s->att, L->wo, dim, q_dim);
@@ -439,6 +440,8 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     o->kvt = KV_F32;
     o->device = "auto";
     o->ppl_mode = "stream";
+    o->argc = argc;
+    o->argv = argv;
     if (argc < 2) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { o->help = 1; return 0; }
     o->model_path = argv[1];
@@ -530,7 +533,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
  * Generation and chat
  * ------------------------------------------------------------------------------------------------------------- */
 
-static void die(const char *fmt, ...) {
+void fatal(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "run: ");
@@ -552,7 +555,7 @@ static void ids_push(IdList *l, int id) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 256;
         l->ids = realloc(l->ids, l->cap * sizeof(int));
-        if (!l->ids) die("out of memory");
+        if (!l->ids) fatal("out of memory");
     }
     l->ids[l->n++] = id;
 }
@@ -561,13 +564,13 @@ static void ids_append_text(IdList *l, const Model *m, const char *text) {
     size_t n;
     char err[256];
     if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, strlen(text), 0, &ids, &n, err, sizeof err))
-        die("tokenizer: %s", err);
+        fatal("tokenizer: %s", err);
     for (size_t i = 0; i < n; i++) ids_push(l, ids[i]);
     free(ids);
 }
 static void ids_append_special(IdList *l, const Model *m, const char *marker) {
     int id = tokenizer_find(&m->tokenizer, marker);
-    if (id < 0) die("the model's vocabulary has no token '%s' that its chat format needs", marker);
+    if (id < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", marker);
     ids_push(l, id);
 }
 
@@ -640,15 +643,15 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
     int ctx = o->ctx ? o->ctx : c->seq_len;
     char err[512];
     KVSpec spec;
-    if (kv_spec_parse(&spec, o->n_kv ? o->kv[0] : "full", o->kvt, err, sizeof err)) die("-kv: %s", err);
+    if (kv_spec_parse(&spec, o->n_kv ? o->kv[0] : "full", o->kvt, err, sizeof err)) fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
-    if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) die("-kv: %s", err);
+    if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) fatal("-kv: %s", err);
     se->capacity = se->cache.policy.ops->evicts ? INT_MAX : se->cache.budget;
     if (state_init(&se->s, c) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
-        die("out of memory");
+        fatal("out of memory");
     if (o->kvlog) {
         se->kvlog = fopen(o->kvlog, "w");
-        if (!se->kvlog) die("cannot write -kvlog '%s': %s", o->kvlog, strerror(errno));
+        if (!se->kvlog) fatal("cannot write -kvlog '%s': %s", o->kvlog, strerror(errno));
         se->cache.on_evict = kvlog_event;
         se->cache.evict_ctx = se;
     }
@@ -701,7 +704,7 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
     double t0 = now_s();
     for (size_t i = 0; i < prompt->n; i++) {
         if (session_feed(se, prompt->ids[i]))
-            die("the prompt needs more than the %d tokens the cache holds (-c); use a larger -c or an evicting "
+            fatal("the prompt needs more than the %d tokens the cache holds (-c); use a larger -c or an evicting "
                 "policy", se->capacity);
     }
     se->n_prompt += (int)prompt->n;
@@ -746,20 +749,20 @@ static void print_summary(Session *se, const Options *o) {
             b.peak_live / 1048576.0, peak_rss_kib() / 1024.0);
 }
 
-static char *read_file(const char *path, size_t *len) {
+char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f) die("cannot open '%s': %s", path, strerror(errno));
+    if (!f) fatal("cannot open '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) || S_ISDIR(st.st_mode)) die("'%s' is not a regular file", path);
+    if (fstat(fileno(f), &st) || S_ISDIR(st.st_mode)) fatal("'%s' is not a regular file", path);
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
-    if (!buf) die("out of memory");
+    if (!buf) fatal("out of memory");
     size_t r;
     while ((r = fread(buf + n, 1, cap - n, f)) > 0) {
         n += r;
-        if (n == cap) { cap *= 2; buf = realloc(buf, cap + 1); if (!buf) die("out of memory"); }
+        if (n == cap) { cap *= 2; buf = realloc(buf, cap + 1); if (!buf) fatal("out of memory"); }
     }
-    if (ferror(f)) die("cannot read '%s'", path);
+    if (ferror(f)) fatal("cannot read '%s'", path);
     fclose(f);
     buf[n] = 0;
     *len = n;
@@ -841,14 +844,14 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
         if (m->tokenizer.bos_id >= 0) ids_push(l, m->tokenizer.bos_id);
         size_t n = strlen(user) + (system ? strlen(system) : 0) + 64;
         char *text = malloc(n);
-        if (!text) die("out of memory");
+        if (!text) fatal("out of memory");
         if (first && system) snprintf(text, n, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system, user);
         else snprintf(text, n, "[INST] %s [/INST]", user);
         ids_append_text(l, m, text);
         free(text);
         return -1;
     }
-    default: die("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
+    default: fatal("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
     }
     return -1;
 }
@@ -856,7 +859,7 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
 static void run_chat(Session *se, const Options *o) {
     const Model *m = se->m;
     ChatFormat fmt = chat_format(m);
-    if (fmt == CHAT_NONE) die("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
+    if (fmt == CHAT_NONE) fatal("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
     char sysbuf[1024];
     const char *system = o->system;
     if (!system && fmt == CHAT_CHATML && chatml_default_system(m, sysbuf, sizeof sysbuf)) system = sysbuf;
@@ -895,18 +898,18 @@ static void run_generate(Session *se, const Options *o) {
         /* ids-only model: -i takes ids; BOS is llama2.c's id 1 */
         if (o->add_bos || !o->prompt) ids_push(&prompt, 1);
         if (o->prompt && parse_ids(o->prompt, m->config.vocab_size, &prompt, err, sizeof err))
-            die("-i on an ids-only model takes token ids: %s", err);
+            fatal("-i on an ids-only model takes token ids: %s", err);
     } else {
         int bos = m->tokenizer.add_bos || o->add_bos;
         if (bos && m->tokenizer.bos_id >= 0) ids_push(&prompt, m->tokenizer.bos_id);
         if (o->prompt) ids_append_text(&prompt, m, o->prompt);
         if (prompt.n == 0) {
-            if (m->tokenizer.bos_id < 0) die("empty prompt and the model has no BOS token: give a prompt with -i");
+            if (m->tokenizer.bos_id < 0) fatal("empty prompt and the model has no BOS token: give a prompt with -i");
             ids_push(&prompt, m->tokenizer.bos_id);
         }
     }
     if (se->capacity != INT_MAX && prompt.n > (size_t)se->capacity)
-        die("the prompt is %zu tokens, longer than the context of %d tokens (-c) under '%s'", prompt.n,
+        fatal("the prompt is %zu tokens, longer than the context of %d tokens (-c) under '%s'", prompt.n,
             se->capacity, se->cache.spec.text);
     int steps = o->steps ? o->steps : (se->capacity != INT_MAX ? se->capacity : m->config.seq_len);
     session_generate(se, &prompt, steps, -1);
@@ -914,18 +917,18 @@ static void run_generate(Session *se, const Options *o) {
 }
 
 static void run_tokenize(Model *m, const Options *o) {
-    if (!m->has_tokenizer) die("this model.bin has no tokenizer (ids-only)");
+    if (!m->has_tokenizer) fatal("this model.bin has no tokenizer (ids-only)");
     size_t len = 0;
     char *text = NULL;
     if (o->n_files) text = read_file(o->files[0], &len);
     else if (o->prompt) len = strlen(o->prompt);
-    else die("tokenize needs text: -i TEXT or -f FILE");
+    else fatal("tokenize needs text: -i TEXT or -f FILE");
     int *ids;
     size_t n;
     char err[256];
     if (tokenizer_encode(&m->tokenizer, (const unsigned char *)(text ? text : o->prompt), len, o->add_bos, &ids, &n,
                          err, sizeof err))
-        die("tokenizer: %s", err);
+        fatal("tokenizer: %s", err);
     for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     free(ids);
@@ -933,13 +936,13 @@ static void run_tokenize(Model *m, const Options *o) {
 }
 
 static void run_detokenize(Model *m, const Options *o) {
-    if (!m->has_tokenizer) die("this model.bin has no tokenizer (ids-only)");
-    if (!o->n_files) die("detokenize needs a file of ids: -f FILE");
+    if (!m->has_tokenizer) fatal("this model.bin has no tokenizer (ids-only)");
+    if (!o->n_files) fatal("detokenize needs a file of ids: -f FILE");
     size_t len;
     char *text = read_file(o->files[0], &len), err[256];
-    if (strlen(text) != len) die("'%s' holds a NUL byte: a file of ids is decimal numbers", o->files[0]);
+    if (strlen(text) != len) fatal("'%s' holds a NUL byte: a file of ids is decimal numbers", o->files[0]);
     IdList ids = {0};
-    if (parse_ids(text, m->tokenizer.vocab_size, &ids, err, sizeof err)) die("'%s': %s", o->files[0], err);
+    if (parse_ids(text, m->tokenizer.vocab_size, &ids, err, sizeof err)) fatal("'%s': %s", o->files[0], err);
     TokenDecoder d;
     tokdec_init(&d, &m->tokenizer);
     char buf[TOKDEC_OUT_MAX];
@@ -958,15 +961,16 @@ int main(int argc, char **argv) {
         return EXIT_FAILURE;
     }
     if (o.help) { usage(stdout); return 0; }
-    if (!strcmp(o.device, "cuda")) die("-d cuda: this build has no CUDA attention (attn.cu is not built yet); use -d cpu");
+    if (!strcmp(o.device, "cuda")) fatal("-d cuda: this build has no CUDA attention (attn.cu is not built yet); use -d cpu");
     Model m;
-    if (model_open(&m, o.model_path, err, sizeof err)) die("%s", err);
+    if (model_open(&m, o.model_path, err, sizeof err)) fatal("%s", err);
     if (!strcmp(o.mode, "tokenize")) { run_tokenize(&m, &o); model_close(&m); return 0; }
     if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return 0; }
-    if (m.vocab_only) die("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
+    if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
                           o.model_path);
-    if (!strcmp(o.mode, "ppl") || !strcmp(o.mode, "passkey") || !strcmp(o.mode, "bench"))
-        die("-m %s is not yet available in this build", o.mode);
+    if (!strcmp(o.mode, "ppl")) { run_ppl(&m, &o); model_close(&m); return 0; }
+    if (!strcmp(o.mode, "passkey") || !strcmp(o.mode, "bench"))
+        fatal("-m %s is not yet available in this build", o.mode);
     if (o.ctx > m.config.seq_len)
         fprintf(stderr, "run: note: -c %d is past the trained context of %d tokens\n", o.ctx, m.config.seq_len);
     uint64_t seed = o.seed_set ? o.seed : (uint64_t)time(NULL);

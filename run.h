@@ -77,6 +77,9 @@ typedef struct {
     float *logits;  /* (vocab_size) */
     float *mem;
     double t_matmul, t_attn;   /* seconds spent, accumulated over calls */
+    /* Called after layer l attended at position pos (the evaluation reads attention probabilities here); NULL = none */
+    void (*after_attn)(void *ctx, int l, const KVCache *cache, int pos);
+    void *hook_ctx;
 } RunState;
 
 typedef struct {
@@ -98,6 +101,8 @@ typedef struct {
     float temperature, topp;
     unsigned long long seed;
     KVType kvt;
+    int argc;            /* the command line, for the records of -o */
+    char **argv;
 } Options;
 
 /* Parse and validate a model.bin held in memory (data, size bytes). 0, or -1 + message. Never exits. */
@@ -129,6 +134,13 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen);
 void usage(FILE *f);
 
 long peak_rss_kib(void);
+double now_s(void);
+/* Print "run: message" on stderr and exit non-zero (main's way out; parsers return errors instead). */
+void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));   /* monotonic clock, seconds */
+/* Read a whole file (NUL-terminated copy, length in *len); exits with a message on error. */
+char *read_file(const char *path, size_t *len);
+/* Evaluation modes (eval.c). */
+void run_ppl(Model *m, const Options *o);
 void json_write_string_body(FILE *f, const char *s);
 int run_errorf(char *err, size_t errlen, const char *fmt, ...);
 

@@ -91,11 +91,13 @@ if ./run -h | grep -q "usage: ./run MODEL.bin"; then pass "-h prints usage"; els
 # --- stories260K against llama2.c's run.c (ids) ---
 if [ -f "$SHARED/models/stories260K.bin" ] && [ -f tests/golden/stories260K/greedy_ids.txt ]; then
     ./export --llama2c "$SHARED/models/stories260K.bin" "$tmp/s260.bin" >/dev/null 2>&1
-    want=$(grep -v '^#' tests/golden/stories260K/greedy_ids.txt | head -1)
-    n=$(echo "$want" | wc -w)
-    got=$(./run "$tmp/s260.bin" -t 0 -n "$n" 2>/dev/null | xargs)
-    if [ "$got" = "$want" ]; then pass "stories260K: $n greedy ids from BOS equal llama2.c's run.c"
-    else fail "stories260K greedy ids differ from llama2.c: got '$got' want '$want'"; fi
+    for line in ids200 ids512; do
+        want=$(grep "^$line " tests/golden/stories260K/greedy_ids.txt | cut -d' ' -f2- | xargs)
+        n=$(echo "$want" | wc -w)
+        got=$(./run "$tmp/s260.bin" -t 0 -n "$n" 2>/dev/null | xargs)
+        if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "stories260K: $n greedy ids from BOS equal llama2.c's run.c"
+        else fail "stories260K greedy ids ($line) differ from llama2.c: got '$got' want '$want'"; fi
+    done
 else
     echo "SKIP stories260K golden: $SHARED/models/stories260K.bin or tests/golden/stories260K/greedy_ids.txt missing"
 fi

@@ -1,0 +1,450 @@
+/* eval.c: the evaluation modes of ./run: perplexity through the evicting cache (-m ppl), with every -kv policy run on
+ * the same token stream next to an automatic f32 never-evicting shadow (KL, top-1 agreement, Δp, ΔNLL, attention-mass
+ * recall), and the llama.cpp-compatible chunked perplexity. Results: a table on stderr, JSON lines with -o, per-token
+ * lines with -tokenlog. DESIGN.md's "Semantics" and "Evaluation" sections define every number printed here.
+ * It deliberately adds no model code: every token goes through run.c's forward(), exactly as in generation.
+ *
+ * Dimensions: n_layers, n_heads, n_kv_heads, vocab_size, ctx (-c: the shadow's length). Indices: t position in the
+ * document, l layer, g kv head, h query head, d document.
+ */
+#include "run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef KVLAB_GIT
+#define KVLAB_GIT "unknown"
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * SHA-256 (FIPS 180-4), for the model and text digests every JSON record carries.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { uint32_t h[8]; uint8_t buf[64]; uint64_t n; } Sha256;
+
+static const uint32_t SHA_K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+    0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+    0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+    0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+    0xc67178f2};
+
+static uint32_t ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void sha_block(Sha256 *s, const uint8_t *p) {
+    uint32_t w[64], a[8];
+    for (int i = 0; i < 16; i++) w[i] = (uint32_t)p[4 * i] << 24 | p[4 * i + 1] << 16 | p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    memcpy(a, s->h, sizeof a);
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = a[7] + (ror(a[4], 6) ^ ror(a[4], 11) ^ ror(a[4], 25)) + ((a[4] & a[5]) ^ (~a[4] & a[6])) + SHA_K[i] + w[i];
+        uint32_t t2 = (ror(a[0], 2) ^ ror(a[0], 13) ^ ror(a[0], 22)) + ((a[0] & a[1]) ^ (a[0] & a[2]) ^ (a[1] & a[2]));
+        memmove(a + 1, a, 7 * sizeof(uint32_t));
+        a[4] += t1;
+        a[0] = t1 + t2;
+    }
+    for (int i = 0; i < 8; i++) s->h[i] += a[i];
+}
+
+static void sha_init(Sha256 *s) {
+    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c,
+                                   0x1f83d9ab, 0x5be0cd19};
+    memcpy(s->h, h0, sizeof h0);
+    s->n = 0;
+}
+
+static void sha_update(Sha256 *s, const void *data, size_t len) {
+    const uint8_t *p = data;
+    while (len) {
+        size_t used = s->n % 64, take = 64 - used < len ? 64 - used : len;
+        if (used == 0 && len >= 64) { sha_block(s, p); take = 64; }
+        else { memcpy(s->buf + used, p, take); if (used + take == 64) sha_block(s, s->buf); }
+        s->n += take; p += take; len -= take;
+    }
+}
+
+/* hex: 65 bytes */
+static void sha_final_hex(Sha256 *s, char *hex) {
+    uint64_t bits = s->n * 8;
+    uint8_t pad = 0x80, zero = 0, len[8];
+    sha_update(s, &pad, 1);
+    while (s->n % 64 != 56) sha_update(s, &zero, 1);
+    for (int i = 0; i < 8; i++) len[i] = (uint8_t)(bits >> (56 - 8 * i));
+    sha_update(s, len, 8);
+    for (int i = 0; i < 8; i++) sprintf(hex + 8 * i, "%08x", s->h[i]);
+}
+
+void sha256_hex(const void *data, size_t len, char *hex) {
+    Sha256 s;
+    sha_init(&s);
+    sha_update(&s, data, len);
+    sha_final_hex(&s, hex);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Records: every JSON line carries the command line, git commit, model and text digests, seed and threads.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    char cmdline[2048];
+    char model_sha[65], text_sha[65];
+    int threads;
+    unsigned long long seed;
+} Provenance;
+
+static void provenance_init(Provenance *pv, const Model *m, const Options *o, const Sha256 *text) {
+    memset(pv, 0, sizeof *pv);
+    size_t n = 0;
+    for (int i = 0; i < o->argc && n + 4 < sizeof pv->cmdline; i++)
+        n += (size_t)snprintf(pv->cmdline + n, sizeof pv->cmdline - n, i ? " %s" : "%s", o->argv[i]);
+    sha256_hex(m->data, m->size, pv->model_sha);
+    Sha256 t = *text;
+    sha_final_hex(&t, pv->text_sha);
+#ifdef _OPENMP
+    pv->threads = omp_get_max_threads();
+#else
+    pv->threads = 1;
+#endif
+    pv->seed = o->seed;
+}
+
+static void json_provenance(FILE *f, const Provenance *pv) {
+    fprintf(f, "\"cmd\":\"");
+    json_write_string_body(f, pv->cmdline);
+    fprintf(f, "\",\"git\":\"%s\",\"model_sha256\":\"%s\",\"text_sha256\":\"%s\",\"seed\":%llu,\"threads\":%d",
+            KVLAB_GIT, pv->model_sha, pv->text_sha, pv->seed, pv->threads);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * One policy's run over the token stream, and the shadow.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    double nll;        /* Σ negative log-likelihood, nats */
+    long n;            /* tokens scored */
+} Nll;
+
+typedef struct {
+    KVCache cache;
+    RunState s;
+    int alive;              /* 0 once a non-evicting cache is full: it scores nothing more in this document */
+    int is_shadow;
+    Nll all;                /* every token it scored */
+    Nll span;               /* tokens in the span every policy covered (position < ctx) */
+    double kl, top1, dp, dnll;   /* Σ over the span, against the shadow */
+    double *recall;         /* (n_layers) Σ over steps and kv heads of attention-mass recall */
+    long recall_n;          /* steps counted per layer (× n_kv_heads in the sum) */
+    double cur_nll, cur_kl; /* this token's, for -tokenlog */
+    KVBytes peak;           /* the largest allocation and live bytes seen */
+} PolicyRun;
+
+typedef struct {
+    const Model *m;
+    PolicyRun *shadow;
+    float *shadow_prob;     /* (n_layers, n_heads, ctx) the shadow's attention probabilities at this step */
+    int ctx;
+} EvalCtx;
+
+typedef struct { EvalCtx *e; PolicyRun *r; } HookCtx;
+
+/* After the shadow's layer l attended: keep its per-head probabilities (live order = position order: it never
+ * evicts and restarts with each document). */
+static void shadow_hook(void *ctx, int l, const KVCache *c, int pos) {
+    HookCtx *hc = ctx;
+    EvalCtx *e = hc->e;
+    int H = c->shape.n_heads, n = pos + 1;
+    for (int h = 0; h < H; h++)
+        memcpy(e->shadow_prob + ((size_t)l * H + h) * e->ctx, c->scores + (size_t)h * c->budget, (size_t)n * sizeof(float));
+}
+
+/* After a policy's layer l attended at pos < ctx: attention-mass recall = the share of the shadow's probability, from
+ * the query heads of each group (mean over them), that falls on the positions the lane holds now. */
+static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
+    HookCtx *hc = ctx;
+    EvalCtx *e = hc->e;
+    if (pos >= e->ctx) return;
+    int H = c->shape.n_heads, G = c->shape.n_kv_heads, group = H / G;
+    double sum = 0;
+    for (int g = 0; g < G; g++) {
+        const KVLane *ln = &c->lanes[l * G + g];
+        double r = 0;
+        for (int i = 0; i < ln->n_live; i++) {
+            int p = ln->pos[ln->live[i]];
+            for (int hh = 0; hh < group; hh++) r += e->shadow_prob[((size_t)l * H + g * group + hh) * e->ctx + p];
+        }
+        sum += r / group;
+    }
+    hc->r->recall[l] += sum / G;
+    if (l == 0) hc->r->recall_n++;
+}
+
+/* log-softmax pieces of a logit vector: max and log Σ exp(x - max), in double. */
+static double logsumexp(const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
+    double s = 0;
+    for (int i = 0; i < n; i++) s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+/* KL(p ‖ q) for p = softmax(a), q = softmax(b), in nats. */
+static double kl_div(const float *a, double lse_a, const float *b, double lse_b, int n) {
+    double kl = 0;
+    for (int i = 0; i < n; i++) {
+        double la = a[i] - lse_a, lb = b[i] - lse_b;
+        kl += exp(la) * (la - lb);
+    }
+    return kl > 0 ? kl : 0;   /* rounding can leave -1e-17 for identical distributions */
+}
+
+static void policy_run_init(PolicyRun *r, const Model *m, const char *spec_text, KVType kvt, int ctx, int shadow) {
+    memset(r, 0, sizeof *r);
+    char err[512];
+    KVSpec spec;
+    if (kv_spec_parse(&spec, spec_text, shadow ? KV_F32 : kvt, err, sizeof err)) fatal("-kv: %s", err);
+    KVShape shape = model_kv_shape(m, ctx);
+    if (kv_cache_init(&r->cache, &shape, &spec, err, sizeof err)) fatal("-kv: %s", err);
+    if (state_init(&r->s, &m->config)) fatal("out of memory");
+    r->recall = calloc((size_t)m->config.n_layers, sizeof(double));
+    if (!r->recall) fatal("out of memory");
+    r->is_shadow = shadow;
+}
+
+static void policy_run_free(PolicyRun *r) {
+    kv_cache_free(&r->cache);
+    state_free(&r->s);
+    free(r->recall);
+}
+
+static void note_bytes(PolicyRun *r) {
+    KVBytes b = kv_bytes(&r->cache);
+    if (b.total_alloc > r->peak.total_alloc) r->peak.total_alloc = b.total_alloc;
+    if (b.peak_live > r->peak.peak_live) r->peak.peak_live = b.peak_live;
+    r->peak.formula_alloc = b.formula_alloc;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * -m ppl
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int *ids; size_t n; } Doc;
+
+static Doc tokenize_doc(const Model *m, const char *path, Sha256 *text_sha) {
+    size_t len;
+    char *text = read_file(path, &len), err[256];
+    sha_update(text_sha, text, len);
+    Doc d = {0};
+    if (!m->has_tokenizer) fatal("ppl needs a model with a tokenizer");
+    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, len, m->tokenizer.add_bos, &d.ids, &d.n, err,
+                         sizeof err))
+        fatal("tokenizer: %s", err);
+    free(text);
+    return d;
+}
+
+static void progress(double t_start, long done, long total, const char *what) {
+    static double last = 0;
+    double now = now_s();
+    if (done < total && now - last < 5.0) return;
+    last = now;
+    double rate = done / (now - t_start + 1e-9);
+    double eta = rate > 0 ? (total - done) / rate : 0;
+    fprintf(stderr, "%s %ld/%ld tokens, %.1f tok/s, ETA %dm%02ds%s", what, done, total, rate, (int)eta / 60,
+            (int)eta % 60, isatty(2) && done < total ? "\r" : "\n");
+}
+
+/* Streaming perplexity: each document token by token through every policy and the shadow. */
+static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, PolicyRun *runs, int n_runs,
+                       EvalCtx *e, FILE *tokenlog) {
+    int V = m->config.vocab_size, ctx = e->ctx;
+    long total = 0, done = 0;
+    for (int d = 0; d < n_docs; d++) total += (long)docs[d].n - 1;
+    double t_start = now_s();
+    HookCtx hooks[n_runs];
+    for (int k = 0; k < n_runs; k++) {
+        hooks[k] = (HookCtx){e, &runs[k]};
+        runs[k].s.after_attn = runs[k].is_shadow ? shadow_hook : recall_hook;
+        runs[k].s.hook_ctx = &hooks[k];
+    }
+    for (int d = 0; d < n_docs; d++) {
+        /* every cache, score and position restarts with each document */
+        for (int k = 0; k < n_runs; k++) { kv_cache_reset(&runs[k].cache); runs[k].alive = 1; }
+        const int *tok = docs[d].ids;
+        for (size_t t = 0; t + 1 < docs[d].n; t++, done++) {
+            int next = tok[t + 1];
+            int in_span = (int)t < ctx;
+            double shadow_lse = 0, shadow_nll = 0;
+            for (int k = 0; k < n_runs; k++) {
+                PolicyRun *r = &runs[k];
+                if (!r->alive) continue;
+                if (r->is_shadow && !in_span) { r->alive = 0; continue; }
+                if (forward((Model *)m, &r->s, &r->cache, tok[t], (int)t)) { r->alive = 0; continue; }
+                note_bytes(r);
+                double lse = logsumexp(r->s.logits, V);
+                double nll = lse - r->s.logits[next];
+                r->cur_nll = nll;
+                r->all.nll += nll; r->all.n++;
+                if (r->is_shadow) { shadow_lse = lse; shadow_nll = nll; }
+                if (in_span) {
+                    r->span.nll += nll; r->span.n++;
+                    if (!r->is_shadow) {
+                        const float *sl = runs[0].s.logits;   /* the shadow runs first */
+                        double kl = kl_div(sl, shadow_lse, r->s.logits, lse, V);
+                        r->cur_kl = kl;
+                        r->kl += kl;
+                        r->top1 += sample_argmax(sl, V) == sample_argmax(r->s.logits, V);
+                        r->dp += exp(-nll) - exp(-shadow_nll);
+                        r->dnll += nll - shadow_nll;
+                    }
+                }
+            }
+            if (tokenlog) {
+                fprintf(tokenlog, "{\"doc\":%d,\"pos\":%zu,\"token\":%d,\"next\":%d,\"policies\":[", d, t, tok[t], next);
+                for (int k = 0; k < n_runs; k++) {
+                    PolicyRun *r = &runs[k];
+                    fprintf(tokenlog, "%s{\"kv\":\"", k ? "," : "");
+                    json_write_string_body(tokenlog, r->is_shadow ? "shadow" : r->cache.spec.text);
+                    if (!r->alive) fprintf(tokenlog, "\",\"nll\":null}");
+                    else if (r->is_shadow || !in_span) fprintf(tokenlog, "\",\"nll\":%.6f}", r->cur_nll);
+                    else fprintf(tokenlog, "\",\"nll\":%.6f,\"kl\":%.6g}", r->cur_nll, r->cur_kl);
+                }
+                fprintf(tokenlog, "]}\n");
+            }
+            progress(t_start, done + 1, total, "ppl:");
+        }
+    }
+}
+
+/* llama-perplexity's method (examples/perplexity, commit c392e50): the stream is cut into n_ctx-token chunks
+ * (a trailing partial chunk is dropped), BOS replaces each chunk's first token when the model adds BOS, the cache is
+ * cleared per chunk, and only the second half is scored: logits at positions n_ctx/2 .. n_ctx-2. */
+static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, int n_runs, int n_ctx) {
+    int V = m->config.vocab_size, first = n_ctx / 2;
+    for (int d = 0; d < n_docs; d++) {
+        size_t n_chunks = docs[d].n / (size_t)n_ctx;
+        if (n_chunks < 2)
+            fatal("-ppl-mode chunked needs at least 2*%d tokens (as llama-perplexity); document %d has %zu", n_ctx,
+                  d + 1, docs[d].n);
+        for (size_t ch = 0; ch < n_chunks; ch++) {
+            const int *tok = docs[d].ids + ch * n_ctx;
+            for (int k = 0; k < n_runs; k++) {
+                PolicyRun *r = &runs[k];
+                kv_cache_reset(&r->cache);
+                for (int j = 0; j < n_ctx - 1; j++) {
+                    int in = j == 0 && m->tokenizer.add_bos ? m->tokenizer.bos_id : tok[j];
+                    if (forward((Model *)m, &r->s, &r->cache, in, j)) fatal("the cache filled up inside a chunk");
+                    if (j >= first) {
+                        double nll = logsumexp(r->s.logits, V) - r->s.logits[tok[j + 1]];
+                        r->all.nll += nll; r->all.n++;
+                        r->span.nll += nll; r->span.n++;
+                    }
+                }
+                note_bytes(r);
+            }
+            fprintf(stderr, "[%zu] ppl %.4f\n", ch + 1, exp(runs[0].all.nll / runs[0].all.n));
+        }
+    }
+}
+
+void run_ppl(Model *m, const Options *o) {
+    if (o->n_files == 0) fatal("-m ppl needs text: -f FILE (repeatable, one document each)");
+    int ctx = o->ctx ? o->ctx : m->config.seq_len;
+    Sha256 text_sha;
+    sha_init(&text_sha);
+    Doc docs[MAX_FILES];
+    long n_tokens = 0;
+    for (int d = 0; d < o->n_files; d++) {
+        docs[d] = tokenize_doc(m, o->files[d], &text_sha);
+        if (docs[d].n < 2)
+            fatal("'%s' has %zu token%s: perplexity needs at least 2 (one to read, one to score)", o->files[d],
+                  docs[d].n, docs[d].n == 1 ? "" : "s");
+        n_tokens += (long)docs[d].n;
+    }
+    int chunked = !strcmp(o->ppl_mode, "chunked");
+    /* runs[0] is the shadow (stream mode), then each -kv policy in order */
+    int n_pol = o->n_kv ? o->n_kv : 1, n_runs = n_pol + !chunked;
+    PolicyRun *runs = calloc((size_t)n_runs, sizeof *runs);
+    if (!runs) fatal("out of memory");
+    if (!chunked) policy_run_init(&runs[0], m, "full", KV_F32, ctx, 1);
+    for (int k = 0; k < n_pol; k++) {
+        policy_run_init(&runs[k + !chunked], m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0);
+    }
+    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx};
+    if (!chunked) {
+        e.shadow_prob = calloc((size_t)m->config.n_layers * m->config.n_heads * ctx, sizeof(float));
+        if (!e.shadow_prob) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
+    }
+    FILE *tokenlog = NULL, *out = NULL;
+    if (o->tokenlog && !(tokenlog = fopen(o->tokenlog, "w"))) fatal("cannot write -tokenlog '%s': %s", o->tokenlog, strerror(errno));
+    if (o->out && !(out = fopen(o->out, "a"))) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    fprintf(stderr, "ppl: %d document%s, %ld tokens, -c %d, mode %s, %d polic%s\n", o->n_files, o->n_files > 1 ? "s" : "",
+            n_tokens, ctx, o->ppl_mode, n_pol, n_pol > 1 ? "ies" : "y");
+    double t0 = now_s();
+    if (chunked) ppl_chunked(m, docs, o->n_files, runs, n_runs, ctx);
+    else ppl_stream(m, o, docs, o->n_files, runs, n_runs, &e, tokenlog);
+    double secs = now_s() - t0;
+
+    Provenance pv;
+    provenance_init(&pv, m, o, &text_sha);
+    fprintf(stderr, "\n%-34s %8s %9s %9s %9s %7s %9s %9s %7s %10s\n", "policy (span: positions < -c)", "tokens", "ppl",
+            "ΔNLL", "KL", "top1", "Δp", "ppl(all)", "recall", "KV MiB");
+    for (int k = 0; k < n_runs; k++) {
+        PolicyRun *r = &runs[k];
+        double n = r->span.n ? (double)r->span.n : 1;
+        double rec = 0;
+        int L = m->config.n_layers;
+        for (int l = 0; l < L; l++) rec += r->recall_n ? r->recall[l] / r->recall_n : 0;
+        rec /= L;
+        const char *name = r->is_shadow ? "shadow (full, f32)" : r->cache.spec.text;
+        if (r->is_shadow || chunked)
+            fprintf(stderr, "%-34s %8ld %9.4f %9s %9s %7s %9s %9.4f %7s %10.2f\n", name, r->span.n,
+                    exp(r->span.nll / n), "-", "-", "-", "-", exp(r->all.nll / (r->all.n ? r->all.n : 1)), "-",
+                    r->peak.total_alloc / 1048576.0);
+        else
+            fprintf(stderr, "%-34s %8ld %9.4f %9.5f %9.5f %7.4f %9.5f %9.4f %7.4f %10.2f\n", name, r->span.n,
+                    exp(r->span.nll / n), r->dnll / n, r->kl / n, r->top1 / n, r->dp / n,
+                    exp(r->all.nll / (r->all.n ? r->all.n : 1)), rec, r->peak.total_alloc / 1048576.0);
+        if (out) {
+            fprintf(out, "{\"mode\":\"ppl\",\"ppl_mode\":\"%s\",\"kv\":\"", o->ppl_mode);
+            json_write_string_body(out, r->is_shadow ? "shadow" : r->cache.spec.text);
+            fprintf(out, "\",\"budget\":%d,\"ctx\":%d,\"documents\":%d,\"span_tokens\":%ld,\"span_nll\":%.9g,"
+                    "\"span_ppl\":%.9g,\"all_tokens\":%ld,\"all_nll\":%.9g,\"all_ppl\":%.9g,",
+                    r->cache.budget, ctx, o->n_files, r->span.n, r->span.nll / n, exp(r->span.nll / n), r->all.n,
+                    r->all.n ? r->all.nll / r->all.n : 0, r->all.n ? exp(r->all.nll / r->all.n) : 0);
+            if (!r->is_shadow && !chunked) {
+                fprintf(out, "\"kl\":%.9g,\"top1\":%.9g,\"dp\":%.9g,\"dnll\":%.9g,\"recall\":%.9g,\"recall_per_layer\":[",
+                        r->kl / n, r->top1 / n, r->dp / n, r->dnll / n, rec);
+                for (int l = 0; l < L; l++)
+                    fprintf(out, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
+                fprintf(out, "],");
+            }
+            fprintf(out, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,\"seconds\":%.3f,",
+                    r->peak.total_alloc, r->peak.peak_live, r->peak.formula_alloc, secs);
+            json_provenance(out, &pv);
+            fprintf(out, "}\n");
+        }
+    }
+    fprintf(stderr, "ppl: %.1f s, %.1f tok/s per policy run, peak RSS %.1f MiB\n", secs,
+            secs > 0 ? (double)(n_tokens - o->n_files) * n_runs / secs : 0, peak_rss_kib() / 1024.0);
+    if (tokenlog) fclose(tokenlog);
+    if (out) fclose(out);
+    for (int k = 0; k < n_runs; k++) policy_run_free(&runs[k]);
+    free(runs);
+    free(e.shadow_prob);
+    for (int d = 0; d < o->n_files; d++) free(docs[d].ids);
+}

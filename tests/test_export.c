@@ -659,6 +659,8 @@ static int write_cases(const char *dir) {
     W good = tg_serialize(&g);
     tg_free(&g);
     w_case(dir, "good.gguf", good.p, good.len);
+    tg_tiny(&g, 1);
+    tg_case(dir, "no_tokenizer", &g);
     W c = {0};
 #define PATCHED(name, off, put) do { c.len = 0; w_put(&c, good.p, good.len); W t = {0}; put; \
         memcpy(c.p + (off), t.p, t.len); free(t.p); w_case(dir, name, c.p, c.len); } while (0)

@@ -75,9 +75,10 @@ float export_bf16_to_f32(uint16_t h) {
 /* ---------------------------------------------------------------------------------------------------------------
  * ggml types and dequantization.
  * Block layouts from ggml-common.h. Each value is computed with the same f32 operations in the same order as
- * ggml's reference dequantize_row_*: products of an f16 scale and small integers, then one subtraction or addition.
- * Products and sums are written as separate statements so that no compiler fuses them into an FMA (which would
- * round once instead of twice and break bit-exactness with ggml). */
+ * ggml's reference dequantize_row_*: an f16 scale (11 significant bits) times integers of at most 12 bits together
+ * (Q6_K: 8-bit scale, 6-bit quant), which f32's 24-bit significand holds exactly, then at most one addition or
+ * subtraction, the only rounding. So the results are bit-identical to ggml's, FMA contraction or not (checked with
+ * gcc -ffp-contract=fast and clang -O3 -march=native against tests/golden/dequant). */
 
 typedef struct { uint32_t id; const char *name; uint32_t blck, bytes; } GgmlType;
 
@@ -666,12 +667,16 @@ static int meta_array(const Gguf *g, const char *key, uint32_t elem, const GgufK
 #define MODEL_HEADER_BYTES 256
 #define MODEL_ALIGN 64
 
-/* Upper bounds that no real Llama model reaches; they keep every size product far from overflowing. */
-#define MAX_DIM (1 << 20)
-#define MAX_LAYERS 4096
-#define MAX_HEADS 4096
-#define MAX_VOCAB (1 << 24)
+/* Upper bounds that no real Llama model reaches; they keep every size product far from overflowing. The same
+ * bounds as run.c's model.bin loader, so export refuses what run would refuse. */
+#define MAX_DIM (1 << 16)
+#define MAX_HIDDEN (1 << 18)
+#define MAX_HEAD_DIM 1024
+#define MAX_LAYERS 1024
+#define MAX_HEADS 1024
+#define MAX_VOCAB (1 << 22)
 #define MAX_SEQ (1 << 24)
+#define MAX_THETA 1e12f
 
 typedef struct {
     int dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, seq_len;
@@ -690,9 +695,9 @@ typedef struct {
 
 static int config_check(const ModelConfig *c, char *err, size_t errlen) {
     struct { const char *name; int v, max; } f[] = {
-        {"dim", c->dim, MAX_DIM}, {"hidden_dim", c->hidden_dim, MAX_DIM}, {"n_layers", c->n_layers, MAX_LAYERS},
+        {"dim", c->dim, MAX_DIM}, {"hidden_dim", c->hidden_dim, MAX_HIDDEN}, {"n_layers", c->n_layers, MAX_LAYERS},
         {"n_heads", c->n_heads, MAX_HEADS}, {"n_kv_heads", c->n_kv_heads, MAX_HEADS},
-        {"head_dim", c->head_dim, MAX_DIM}, {"vocab_size", c->vocab_size, MAX_VOCAB}, {"seq_len", c->seq_len, MAX_SEQ},
+        {"head_dim", c->head_dim, MAX_HEAD_DIM}, {"vocab_size", c->vocab_size, MAX_VOCAB}, {"seq_len", c->seq_len, MAX_SEQ},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].v <= 0 || f[i].v > f[i].max)
@@ -702,8 +707,8 @@ static int config_check(const ModelConfig *c, char *err, size_t errlen) {
     if (c->head_dim % 2) return fail(err, errlen, "head_dim %d is odd (RoPE rotates pairs)", c->head_dim);
     if ((size_t)c->n_heads * (size_t)c->head_dim > MAX_DIM)
         return fail(err, errlen, "n_heads * head_dim = %zu is out of range", (size_t)c->n_heads * (size_t)c->head_dim);
-    if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))
-        return fail(err, errlen, "rope theta %g is not a positive number", (double)c->rope_theta);
+    if (!(c->rope_theta > 0 && c->rope_theta < MAX_THETA))
+        return fail(err, errlen, "rope theta %g is out of range (0, 1e12)", (double)c->rope_theta);
     if (!(c->norm_eps > 0 && c->norm_eps < 1))
         return fail(err, errlen, "RMSNorm epsilon %g is out of range (0, 1)", (double)c->norm_eps);
     return 0;
@@ -1035,7 +1040,7 @@ static int hparam(const Gguf *g, const char *key, int dflt, int max, int *out, c
 static int gguf_config(ModelConfig *c, const Gguf *g, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     if (hparam(g, "embedding_length", -1, MAX_DIM, &c->dim, err, errlen) ||
-        hparam(g, "feed_forward_length", -1, MAX_DIM, &c->hidden_dim, err, errlen) ||
+        hparam(g, "feed_forward_length", -1, MAX_HIDDEN, &c->hidden_dim, err, errlen) ||
         hparam(g, "block_count", -1, MAX_LAYERS, &c->n_layers, err, errlen) ||
         hparam(g, "attention.head_count", -1, MAX_HEADS, &c->n_heads, err, errlen) ||
         hparam(g, "attention.head_count_kv", c->n_heads, MAX_HEADS, &c->n_kv_heads, err, errlen) ||
@@ -1044,9 +1049,9 @@ static int gguf_config(ModelConfig *c, const Gguf *g, char *err, size_t errlen) 
     /* head_dim: attention.key_length when given (it may differ from dim/n_heads); llama rotates the whole head, so
      * rope.dimension_count, when given, must agree with it */
     int key_len = 0, rope_dim = 0, val_len = 0;
-    if (hparam(g, "attention.key_length", 0, MAX_DIM, &key_len, err, errlen) ||
-        hparam(g, "attention.value_length", 0, MAX_DIM, &val_len, err, errlen) ||
-        hparam(g, "rope.dimension_count", 0, MAX_DIM, &rope_dim, err, errlen))
+    if (hparam(g, "attention.key_length", 0, MAX_HEAD_DIM, &key_len, err, errlen) ||
+        hparam(g, "attention.value_length", 0, MAX_HEAD_DIM, &val_len, err, errlen) ||
+        hparam(g, "rope.dimension_count", 0, MAX_HEAD_DIM, &rope_dim, err, errlen))
         return -1;
     c->head_dim = key_len ? key_len : rope_dim ? rope_dim : c->dim / c->n_heads;
     if (rope_dim && rope_dim != c->head_dim)
@@ -1389,7 +1394,7 @@ int main(int argc, char **argv) {
         }
         const char *v = argv[++i];
         if (str_dst) { *str_dst = v; continue; }
-        long max = k == 8 ? LONG_MAX : k == 6 ? MAX_VOCAB : k == 7 ? MAX_SEQ : MAX_DIM;
+        long max = k == 8 ? LONG_MAX : k == 6 ? MAX_VOCAB : k == 7 ? MAX_SEQ : k == 1 ? MAX_HIDDEN : MAX_DIM;
         if (parse_long(a, v, k == 8 ? 0 : 1, max, &ints[k], err, sizeof err)) goto error;
         have[k] = 1;
     }

@@ -314,9 +314,9 @@ static void test_f16(void) {
     CHECK(b == 1.5f, "bf16 0x3fc0 -> 1.5 (got %g)", (double)b);
 }
 
-/* Dequantization is exact arithmetic on both sides: f16 -> f32 is exact, and each value is one or two f32 products
- * of that scale with small integers, then at most one f32 addition, in the same order in ggml, in gguf's NumPy code
- * and here. So the expected values must match bit for bit, not within a tolerance. */
+/* Dequantization is exact arithmetic on both sides: f16 -> f32 is exact; the products of an f16 scale (11 significant
+ * bits) with small integers (at most 12 bits together) are exact in f32; at most one f32 addition follows, the same
+ * in ggml, in gguf's NumPy code and here. So the expected values must match bit for bit, not within a tolerance. */
 static void test_dequant_golden(void) {
     const char *names[] = {"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
                            "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"};

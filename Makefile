@@ -44,7 +44,7 @@ test: all $(TESTS)
 debug:
 	$(MAKE) BUILD=build/debug OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined" run export
 
-model: models/smollm2-135m-instruct.bin
+model: all models/smollm2-135m-instruct.bin
 models/smollm2-135m-instruct.bin: | export
 	./tools/fetch_model.sh
 

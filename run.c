@@ -606,6 +606,7 @@ typedef struct {
     FILE *kvlog;
     TokenDecoder dec;
     int print_ids;
+    uint64_t seed;
     double t_prompt, t_decode;
     int n_prompt, n_gen;
 } Session;
@@ -639,6 +640,7 @@ void json_write_string_body(FILE *f, const char *s) {
 static void session_init(Session *se, Model *m, const Options *o, uint64_t seed) {
     memset(se, 0, sizeof *se);
     se->m = m;
+    se->seed = seed;
     const Config *c = &m->config;
     int ctx = o->ctx ? o->ctx : c->seq_len;
     char err[512];
@@ -699,8 +701,9 @@ static int is_stop(const Model *m, int id, int extra_stop) {
 }
 
 /* Prefill the prompt ids, then sample up to `steps` tokens (or until a stop id or a full cache), printing them.
+ * feed_last: also feed the last sampled token, so the cache holds the whole answer (chat continues from it).
  * Returns 1 when the cache filled up. */
-static int session_generate(Session *se, const IdList *prompt, int steps, int extra_stop) {
+static int session_generate(Session *se, const IdList *prompt, int steps, int extra_stop, int feed_last) {
     double t0 = now_s();
     for (size_t i = 0; i < prompt->n; i++) {
         if (session_feed(se, prompt->ids[i]))
@@ -716,7 +719,7 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
         if (is_stop(se->m, next, extra_stop)) break;
         emit_token(se, next);
         se->n_gen++;
-        if (k + 1 == steps) break;
+        if (k + 1 == steps && !feed_last) break;
         if (session_feed(se, next)) { full = 1; break; }
     }
     se->t_decode += now_s() - t1;
@@ -856,6 +859,21 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
     return -1;
 }
 
+/* The start line on stderr: model shape, the resolved policy and budget, seed, threads. */
+static void print_start(const Session *se, const Options *o) {
+    const Config *c = &se->m->config;
+    fprintf(stderr, "run: %s: dim %d, %d layers, %d/%d heads, head_dim %d, vocab %d, ctx %d; kv '%s' budget %d "
+            "tokens per lane; seed %llu; threads %d\n", o->model_path, c->dim, c->n_layers, c->n_heads,
+            c->n_kv_heads, c->head_dim, c->vocab_size, c->seq_len, se->cache.spec.text,
+            se->cache.budget, (unsigned long long)se->seed,
+#ifdef _OPENMP
+            omp_get_max_threads()
+#else
+            1
+#endif
+    );
+}
+
 static void run_chat(Session *se, const Options *o) {
     const Model *m = se->m;
     ChatFormat fmt = chat_format(m);
@@ -865,6 +883,7 @@ static void run_chat(Session *se, const Options *o) {
     if (!system && fmt == CHAT_CHATML && chatml_default_system(m, sysbuf, sizeof sysbuf)) system = sysbuf;
     char line[8192];
     int interactive = isatty(fileno(stdin));
+    print_start(se, o);
     for (int turn = 0;; turn++) {
         const char *user;
         if (turn == 0 && o->prompt) user = o->prompt;
@@ -877,16 +896,18 @@ static void run_chat(Session *se, const Options *o) {
         IdList ids = {0};
         int stop = chat_render(&ids, m, fmt, system, user, turn == 0);
         if (interactive) { fprintf(stderr, "assistant> "); fflush(stderr); }
-        int full = session_generate(se, &ids, o->steps ? o->steps : INT_MAX, stop);
-        /* the end-of-turn marker closes the assistant's turn in the cache, as the template renders it */
-        if (!full && stop >= 0) {
-            if (session_feed(se, stop)) full = 1;
-            else if (fmt == CHAT_CHATML) { IdList nl = {0}; ids_append_text(&nl, m, "\n");
-                for (size_t i = 0; i < nl.n && !full; i++) full = session_feed(se, nl.ids[i]) != 0;
-                free(nl.ids); }
-        }
+        int full = session_generate(se, &ids, o->steps ? o->steps : INT_MAX, stop, 1);
         free(ids.ids);
-        if (full || (o->prompt && !interactive && turn == 0 && feof(stdin))) break;
+        /* close the assistant's turn in the cache as the template renders it: ChatML "<|im_end|>\n", Llama 3
+           "<|eot_id|>" (Llama 2 closes with EOS, which the next turn's BOS follows) */
+        if (!full && stop >= 0) {
+            IdList close = {0};
+            ids_push(&close, stop);
+            if (fmt == CHAT_CHATML) ids_append_text(&close, m, "\n");
+            for (size_t i = 0; i < close.n && !full; i++) full = session_feed(se, close.ids[i]) != 0;
+            free(close.ids);
+        }
+        if (full || o->prompt) break;   /* -i: one question, one answer; without it, turns come from stdin */
     }
 }
 
@@ -911,8 +932,9 @@ static void run_generate(Session *se, const Options *o) {
     if (se->capacity != INT_MAX && prompt.n > (size_t)se->capacity)
         fatal("the prompt is %zu tokens, longer than the context of %d tokens (-c) under '%s'", prompt.n,
             se->capacity, se->cache.spec.text);
+    print_start(se, o);
     int steps = o->steps ? o->steps : (se->capacity != INT_MAX ? se->capacity : m->config.seq_len);
-    session_generate(se, &prompt, steps, -1);
+    session_generate(se, &prompt, steps, -1, 0);
     free(prompt.ids);
 }
 
@@ -976,16 +998,6 @@ int main(int argc, char **argv) {
     uint64_t seed = o.seed_set ? o.seed : (uint64_t)time(NULL);
     Session se;
     session_init(&se, &m, &o, seed);
-    fprintf(stderr, "run: %s: dim %d, %d layers, %d/%d heads, head_dim %d, vocab %d, ctx %d; kv '%s' budget %d "
-            "tokens per lane; seed %llu; threads %d\n", o.model_path, m.config.dim, m.config.n_layers, m.config.n_heads,
-            m.config.n_kv_heads, m.config.head_dim, m.config.vocab_size, m.config.seq_len, se.cache.spec.text,
-            se.cache.budget, (unsigned long long)seed,
-#ifdef _OPENMP
-            omp_get_max_threads()
-#else
-            1
-#endif
-    );
     if (!strcmp(o.mode, "chat")) run_chat(&se, &o);
     else run_generate(&se, &o);
     print_summary(&se, &o);

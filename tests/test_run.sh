@@ -101,4 +101,21 @@ if [ -f "$SHARED/models/stories260K.bin" ] && [ -f tests/golden/stories260K/gree
 else
     echo "SKIP stories260K golden: $SHARED/models/stories260K.bin or tests/golden/stories260K/greedy_ids.txt missing"
 fi
+# --- SmolLM2 chat mode: the rendered ChatML prompt (default system prompt included) gives llama.cpp's answer ---
+SMOL=models/smollm2-135m-instruct.bin
+if [ -f "$SMOL" ]; then
+    for k in 1 4; do
+        q=$(sed -n '/^[^#]/p' tests/golden/smollm2/prompts.txt | sed -n "$((k + 1))p" | sed 's/.*<|im_start|>user\\n//; s/<|im_end|>.*//')
+        want=$(grep "^gen $k ids:" tests/golden/smollm2/greedy.txt | cut -d: -f2 | xargs | sed 's/ 2$//')
+        got=$(./run "$SMOL" -m chat -t 0 -n 64 -ids -i "$q" 2>"$tmp/err" | xargs)
+        if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "chat '$q': greedy ids equal llama.cpp's on the ChatML prompt"
+        else fail "chat '$q': got '$got' want '$want' ($(tail -1 "$tmp/err"))"; fi
+    done
+    out=$(./run "$SMOL" -m chat -t 0 -n 32 -i "What is the capital of France?" 2>/dev/null)
+    if [ "$out" = "The capital of France is Paris." ]; then pass "chat answers in text: $out"; else fail "chat text: '$out'"; fi
+    expect_error "prompt longer than -c under full (SmolLM2)" "longer than the context of 4 tokens" \
+        ./run "$SMOL" -c 4 -i "one two three four five six"
+else
+    echo "SKIP SmolLM2 chat checks: $SMOL missing (make model)"
+fi
 exit 0

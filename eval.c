@@ -448,3 +448,112 @@ void run_ppl(Model *m, const Options *o) {
     free(e.shadow_prob);
     for (int d = 0; d < o->n_files; d++) free(docs[d].ids);
 }
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * -m bench: time to first token, prefill tok/s, decode ms/token (p50/p95) at several context lengths, KV bytes, peak
+ * resident memory, and where decode time goes (matmuls, attention with the policy's work, the rest). Monotonic
+ * wall clock; a warm-up run (not counted) first pages the weights in.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Token ids for a bench prompt of n tokens: the text of -f (or DESIGN.md's passkey filler) tokenized, repeated. */
+static int *bench_tokens(const Model *m, const Options *o, int n, Sha256 *text_sha) {
+    static const char filler[] = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+    int *out = malloc((size_t)n * sizeof(int));
+    if (!out) fatal("out of memory");
+    if (!m->has_tokenizer) {   /* ids-only model: a fixed pseudo-random id stream */
+        uint64_t x = 12345;
+        for (int i = 0; i < n; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; out[i] = (int)((x >> 33) % m->config.vocab_size); }
+        return out;
+    }
+    size_t len;
+    char *text = o->n_files ? read_file(o->files[0], &len) : strdup(filler), err[256];
+    if (!text) fatal("out of memory");
+    len = strlen(text);
+    sha_update(text_sha, text, len);
+    int *ids;
+    size_t nids;
+    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, len, m->tokenizer.add_bos, &ids, &nids, err,
+                         sizeof err))
+        fatal("tokenizer: %s", err);
+    if (nids == 0) fatal("the bench text has no tokens");
+    for (int i = 0; i < n; i++) out[i] = ids[i % nids];
+    free(ids);
+    free(text);
+    return out;
+}
+
+void run_bench(Model *m, const Options *o) {
+    int ctx_max = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
+    int steps = o->steps_set ? (o->steps ? o->steps : 32) : 32;
+    int n_pol = o->n_kv ? o->n_kv : 1;
+    /* context lengths: 128, 512, 2048, ... (x4) up to -c, each leaving room for the decode steps */
+    int lens[16], n_lens = 0;
+    for (int L = 128; L + steps <= ctx_max && n_lens < 16; L *= 4) lens[n_lens++] = L;
+    if (n_lens == 0 || lens[n_lens - 1] + steps < ctx_max) lens[n_lens++] = ctx_max - steps > 1 ? ctx_max - steps : 1;
+    Sha256 text_sha;
+    sha_init(&text_sha);
+    int *tok = bench_tokens(m, o, ctx_max, &text_sha);
+    FILE *out = NULL;
+    if (o->out && !(out = fopen(o->out, "a"))) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    Provenance pv;
+    provenance_init(&pv, m, o, &text_sha);
+    fprintf(stderr, "bench: contexts up to %d tokens (-c), %d decode steps each, %d threads\n", ctx_max, steps,
+            pv.threads);
+    fprintf(stderr, "%-28s %7s %9s %10s %9s %9s %8s %8s %8s %10s %10s\n", "policy", "context", "TTFT ms", "prefill t/s",
+            "p50 ms", "p95 ms", "matmul%", "attn%", "other%", "KV MiB", "live MiB");
+    double *ms = malloc((size_t)steps * sizeof(double));
+    for (int k = 0; k < n_pol; k++) {
+        PolicyRun r;
+        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx_max, 0);
+        /* warm-up: page the weights in, wake the threads */
+        for (int t = 0; t < 8; t++) forward(m, &r.s, &r.cache, tok[t], t);
+        for (int li = 0; li < n_lens; li++) {
+            int L = lens[li];
+            kv_cache_reset(&r.cache);
+            double t0 = now_s();
+            for (int t = 0; t < L; t++)
+                if (forward(m, &r.s, &r.cache, tok[t], t)) fatal("'%s' filled up at %d tokens", r.cache.spec.text, t);
+            int next = sample_argmax(r.s.logits, m->config.vocab_size);
+            double ttft = now_s() - t0;
+            r.s.t_matmul = r.s.t_attn = 0;
+            double td0 = now_s();
+            int done = 0;
+            for (int st = 0; st < steps; st++) {
+                double a = now_s();
+                if (forward(m, &r.s, &r.cache, next, L + st)) break;
+                next = sample_argmax(r.s.logits, m->config.vocab_size);
+                ms[done++] = (now_s() - a) * 1e3;
+            }
+            double tdec = now_s() - td0;
+            qsort(ms, (size_t)done, sizeof *ms, cmp_double);
+            double p50 = done ? ms[done / 2] : 0, p95 = done ? ms[(int)(0.95 * (done - 1) + 0.5)] : 0;
+            KVBytes b = kv_bytes(&r.cache);
+            double fm = tdec > 0 ? r.s.t_matmul / tdec : 0, fa = tdec > 0 ? r.s.t_attn / tdec : 0;
+            fprintf(stderr, "%-28s %7d %9.1f %10.1f %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %10.2f %10.2f\n",
+                    r.cache.spec.text, L, ttft * 1e3, L / ttft, p50, p95, 100 * fm, 100 * fa, 100 * (1 - fm - fa),
+                    b.total_alloc / 1048576.0, b.total_live / 1048576.0);
+            if (out) {
+                fprintf(out, "{\"mode\":\"bench\",\"kv\":\"");
+                json_write_string_body(out, r.cache.spec.text);
+                fprintf(out, "\",\"budget\":%d,\"context\":%d,\"ttft_ms\":%.3f,\"prefill_tok_s\":%.3f,\"decode_steps\":%d,"
+                        "\"decode_ms_p50\":%.4f,\"decode_ms_p95\":%.4f,\"decode_tok_s\":%.3f,\"matmul_frac\":%.4f,"
+                        "\"attn_frac\":%.4f,\"kv_alloc_bytes\":%zu,\"kv_live_bytes\":%zu,\"kv_peak_live_bytes\":%zu,"
+                        "\"peak_rss_kib\":%ld,",
+                        r.cache.budget, L, ttft * 1e3, L / ttft, done, p50, p95, done / tdec, fm, fa, b.total_alloc,
+                        b.total_live, b.peak_live, peak_rss_kib());
+                json_provenance(out, &pv);
+                fprintf(out, "}\n");
+            }
+        }
+        policy_run_free(&r);
+    }
+    fprintf(stderr, "bench: peak RSS %.1f MiB\n", peak_rss_kib() / 1024.0);
+    free(ms);
+    free(tok);
+    if (out) fclose(out);
+}

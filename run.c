@@ -476,6 +476,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
         } else if (!strcmp(a, "-n")) {
             if (parse_long(v, 0, 1 << 30, &n)) return errorf(err, errlen, "bad -n '%s': a token count >= 0", v);
             o->steps = (int)n;
+            o->steps_set = 1;
         } else if (!strcmp(a, "-t")) {
             if (parse_float(v, 0, 100, &x)) return errorf(err, errlen, "bad -t '%s': a temperature in [0, 100]", v);
             o->temperature = (float)x;
@@ -991,7 +992,8 @@ int main(int argc, char **argv) {
     if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
                           o.model_path);
     if (!strcmp(o.mode, "ppl")) { run_ppl(&m, &o); model_close(&m); return 0; }
-    if (!strcmp(o.mode, "passkey") || !strcmp(o.mode, "bench"))
+    if (!strcmp(o.mode, "bench")) { run_bench(&m, &o); model_close(&m); return 0; }
+    if (!strcmp(o.mode, "passkey"))
         fatal("-m %s is not yet available in this build", o.mode);
     if (o.ctx > m.config.seq_len)
         fprintf(stderr, "run: note: -c %d is past the trained context of %d tokens\n", o.ctx, m.config.seq_len);

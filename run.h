@@ -97,7 +97,7 @@ typedef struct {
     int n_files;
     const char *kv[MAX_POLICIES];
     int n_kv;
-    int steps, ctx, chunk, print_ids, add_bos, verbose, help, seed_set;
+    int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, help, seed_set;
     float temperature, topp;
     unsigned long long seed;
     KVType kvt;
@@ -141,6 +141,7 @@ void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)))
 char *read_file(const char *path, size_t *len);
 /* Evaluation modes (eval.c). */
 void run_ppl(Model *m, const Options *o);
+void run_bench(Model *m, const Options *o);
 void json_write_string_body(FILE *f, const char *s);
 int run_errorf(char *err, size_t errlen, const char *fmt, ...);
 

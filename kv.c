@@ -1,10 +1,10 @@
-/* kv.c: the KV cache (lanes of slots, storage types, RoPE by position mode), its memory accounting, the -kv spec
- * parser, and kv_attend_cpu, the reference attention every other path is checked against.
+/* kv.c: the KV cache (lanes of slots, storage types, the f32 residual, RoPE by position mode), its memory
+ * accounting, the -kv spec parser, and kv_attend_cpu, the reference attention every other path is checked against.
  * It knows no policy: eviction decisions come through the KVPolicyOps table (kv.h, policies.c).
  * It deliberately does not batch several sequences or several query tokens: one token, one layer at a time.
  *
- * Dimensions: n_layers, n_heads, n_kv_heads, head_dim, budget (slots per lane). Indices: l layer, h query head,
- * g kv head, t position, s slot, i rank in a lane's live list.
+ * Dimensions: n_layers, n_heads, n_kv_heads, head_dim, budget (slots per lane), R (residual slots per lane).
+ * Indices: l layer, h query head, g kv head, t position, s slot, i rank in a lane's live list.
  */
 #include "kv.h"
 
@@ -25,14 +25,22 @@ static int errorf(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Storage types. q8 and q4 quantize a vector in groups of G = gcd(head_dim, 32) elements, as llama.cpp's Q8_0 and
- * Q4_1 do with G = 32 (ggml-common.h): q8 stores an f16 scale d = max|x|/127 and G int8 values q = round(x/d);
- * q4 stores an f16 scale d = (max-min)/15, an f16 minimum m, and G 4-bit values q = round((x-m)/d), two per byte
- * (element j low nibble, element j+G/2 high nibble, Q4_1's order). An all-zero group has d = 0 and decodes to zeros.
+ * Storage types. q8 and q4 quantize a vector in groups of G = gcd(head_dim, 32) elements, in the layouts of
+ * llama.cpp's Q8_0 and Q4_1 (ggml-common.h, block_q8_0 and block_q4_1, there with G = 32):
+ *   q8: an f16 scale d, then G int8 values q;                x = d·q
+ *   q4: an f16 scale d, an f16 minimum m, then G/2 bytes;    x = d·q + m, q in 0..15; element j in the low nibble
+ *       of byte j, element j + G/2 in the high nibble (Q4_1's order).
+ * Unlike llama.cpp, which rounds d = max|x|/127 to nearest, we round the f16 scale UP (and Q4's minimum DOWN), so
+ * every element maps inside the code range and none is clipped: the error of an element is then at most d/2 (plus
+ * f32 rounding), with d ≤ max|x|/127 (q8) or (max - m)/15 (q4) rounded up to the next f16. An all-zero group has
+ * d = 0 and decodes to exact zeros. Scales saturate at ±65504 (the largest f16), so a finite input never decodes to
+ * inf or NaN; f16 and bf16 saturate the same way.
  * ------------------------------------------------------------------------------------------------------------- */
 
 static int gcd_int(int a, int b) { while (b) { int t = a % b; a = b; b = t; } return a; }
 static int kv_group(int head_dim) { return gcd_int(head_dim, 32); }
+
+#define F16_MAX_BITS 0x7bffu   /* 65504 */
 
 size_t kv_vector_bytes(KVType ty, int head_dim) {
     int G = kv_group(head_dim), n_groups = head_dim / G;
@@ -45,23 +53,59 @@ size_t kv_vector_bytes(KVType ty, int head_dim) {
     }
 }
 
-/* Encode x (head_dim) into dst (kv_vector_bytes(ty) bytes). */
-static void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
+/* The smallest f16 >= x (x >= 0), saturating at 65504. Positive f16 bit patterns are ordered like their values. */
+static uint16_t f16_ceil(float x) {
+    uint16_t h = kv_f32_to_f16(x);
+    if (h >= 0x7c00u) return F16_MAX_BITS;
+    while (kv_f16_to_f32(h) < x && h < F16_MAX_BITS) h++;
+    return h;
+}
+
+/* The largest f16 <= x, saturating at -65504. */
+static uint16_t f16_floor(float x) {
+    uint16_t h = kv_f32_to_f16(x);
+    if ((h & 0x7fffu) >= 0x7c00u) return (uint16_t)(h & 0x8000u ? 0x8000u | F16_MAX_BITS : F16_MAX_BITS);
+    if (kv_f16_to_f32(h) > x) {                   /* one step toward -inf */
+        if ((h & 0x7fffu) == 0) h = 0x8001u;      /* +0 or -0 -> the smallest negative subnormal */
+        else if (h & 0x8000u) h++;
+        else h--;
+    }
+    if ((h & 0x7fffu) > F16_MAX_BITS) h = 0x8000u | F16_MAX_BITS;
+    return h;
+}
+
+static uint16_t f16_saturate(float x) {
+    uint16_t h = kv_f32_to_f16(x);
+    if ((h & 0x7fffu) > 0x7c00u) return 0;                      /* NaN in: 0 out (inputs are finite by contract) */
+    if ((h & 0x7fffu) == 0x7c00u) return (uint16_t)((h & 0x8000u) | F16_MAX_BITS);
+    return h;
+}
+
+static uint16_t bf16_saturate(float x) {
+    uint16_t h = kv_f32_to_bf16(x);
+    if ((h & 0x7fffu) > 0x7f80u) return 0;
+    if ((h & 0x7fffu) == 0x7f80u) return (uint16_t)((h & 0x8000u) | 0x7f7fu);
+    return h;
+}
+
+void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
     int G = kv_group(head_dim);
+    uint16_t h;
     switch (ty) {
     case KV_F32: memcpy(dst, x, (size_t)head_dim * 4); break;
-    case KV_F16: for (int i = 0; i < head_dim; i++) { uint16_t h = kv_f32_to_f16(x[i]); memcpy(dst + 2 * i, &h, 2); } break;
-    case KV_BF16: for (int i = 0; i < head_dim; i++) { uint16_t h = kv_f32_to_bf16(x[i]); memcpy(dst + 2 * i, &h, 2); } break;
+    case KV_F16: for (int i = 0; i < head_dim; i++) { h = f16_saturate(x[i]); memcpy(dst + 2 * i, &h, 2); } break;
+    case KV_BF16: for (int i = 0; i < head_dim; i++) { h = bf16_saturate(x[i]); memcpy(dst + 2 * i, &h, 2); } break;
     case KV_Q8:
         for (int g0 = 0; g0 < head_dim; g0 += G, dst += 2 + G) {
             float amax = 0;
             for (int j = 0; j < G; j++) amax = fmaxf(amax, fabsf(x[g0 + j]));
-            uint16_t dh = kv_f32_to_f16(amax / 127.0f);
-            float d = kv_f16_to_f32(dh);   /* quantize with the scale as it will be read back */
-            memcpy(dst, &dh, 2);
+            h = f16_ceil(amax / 127.0f);
+            float d = kv_f16_to_f32(h);
+            while (d * 127.0f < amax && h < F16_MAX_BITS) d = kv_f16_to_f32(++h);   /* d·127 is exact in f32 */
+            memcpy(dst, &h, 2);
             for (int j = 0; j < G; j++) {
                 float q = d > 0 ? roundf(x[g0 + j] / d) : 0.0f;
-                q = fminf(127.0f, fmaxf(-127.0f, q));
+                q = fminf(127.0f, fmaxf(-127.0f, q));   /* only a saturated scale clips; NaN becomes -127 */
                 dst[2 + j] = (uint8_t)(int8_t)q;
             }
         }
@@ -70,9 +114,13 @@ static void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
         for (int g0 = 0; g0 < head_dim; g0 += G, dst += 4 + G / 2) {
             float mn = x[g0], mx = x[g0];
             for (int j = 1; j < G; j++) { mn = fminf(mn, x[g0 + j]); mx = fmaxf(mx, x[g0 + j]); }
-            uint16_t dh = kv_f32_to_f16((mx - mn) / 15.0f), mh = kv_f32_to_f16(mn);
-            float d = kv_f16_to_f32(dh), m = kv_f16_to_f32(mh);
-            memcpy(dst, &dh, 2);
+            uint16_t mh = f16_floor(mn);
+            float m = kv_f16_to_f32(mh);
+            double range = (double)mx - m;             /* >= 0 unless the minimum saturated */
+            h = f16_ceil(range > 0 ? (float)(range / 15.0) : 0.0f);
+            float d = kv_f16_to_f32(h);
+            while ((double)d * 15.0 < range && h < F16_MAX_BITS) d = kv_f16_to_f32(++h);
+            memcpy(dst, &h, 2);
             memcpy(dst + 2, &mh, 2);
             for (int j = 0; j < G / 2; j++) {
                 int q[2];
@@ -88,8 +136,7 @@ static void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
     }
 }
 
-/* Decode src into x (head_dim f32). */
-static void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
+void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
     int G = kv_group(head_dim);
     uint16_t h;
     switch (ty) {
@@ -125,22 +172,36 @@ int kv_type_parse(const char *s) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * RoPE
+ * RoPE. The angles are computed in double so a large position keeps its precision; kv_rope and the rank table of
+ * pos=cache share rope_cs and rope_apply, so rotating by rank t gives the same bits as rotating by position t.
  * ------------------------------------------------------------------------------------------------------------- */
 
-void kv_rope(float *x, const KVShape *s, int pos) {
-    int half = s->head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        /* computed in double so the angle of a large position keeps its precision; the same code serves every path */
+/* cs (head_dim/2, 2): cos and sin of pos · freq_i. */
+static void rope_cs(float *cs, const KVShape *s, int pos) {
+    for (int i = 0; i < s->head_dim / 2; i++) {
         double freq = pow((double)s->rope_theta, -2.0 * i / s->head_dim);
         if (s->rope_factors) freq /= s->rope_factors[i];
         double a = pos * freq;
-        float c = (float)cos(a), sn = (float)sin(a);
+        cs[2 * i] = (float)cos(a);
+        cs[2 * i + 1] = (float)sin(a);
+    }
+}
+
+static void rope_apply(float *x, const KVShape *s, const float *cs) {
+    int half = s->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[2 * i], sn = cs[2 * i + 1];
         int i0 = s->rope_pairing ? i : 2 * i, i1 = s->rope_pairing ? i + half : 2 * i + 1;
         float x0 = x[i0], x1 = x[i1];
         x[i0] = x0 * c - x1 * sn;
         x[i1] = x0 * sn + x1 * c;
     }
+}
+
+void kv_rope(float *x, const KVShape *s, int pos) {
+    float cs[s->head_dim];
+    rope_cs(cs, s, pos);
+    rope_apply(x, s, cs);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -170,6 +231,7 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
 }
 
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4"
+#define COMMON_KEYS "type, ktype, vtype, residual, pos, agg"
 
 int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, size_t errlen) {
     memset(sp, 0, sizeof *sp);
@@ -187,39 +249,48 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
         return errorf(err, errlen, "unknown kv policy '%s' in '%s'; policies: %s", part, text, kv_policy_names());
     strcpy(sp->name, part);
     if (colon && parse_budget(colon + 1, &sp->budget, &sp->budget_bytes))
-        return errorf(err, errlen, "bad budget '%s' in '%s': give tokens per lane (1024) or bytes (64MiB, 512KiB, "
-                      "1GiB, 4096B)", colon + 1, text);
+        return errorf(err, errlen, "bad budget '%s' in '%s': give tokens per lane (1024) or bytes for the whole "
+                      "cache (64MiB, 512KiB, 1GiB, 4096B)", colon + 1, text);
     if (colon && sp->budget == 0 && sp->budget_bytes == 0)
-        return errorf(err, errlen, "budget 0 in '%s': a lane needs at least one slot", text);
-    int type_set = 0;
+        return errorf(err, errlen, "budget 0 in '%s': a lane needs at least one slot; give tokens per lane (1024) "
+                      "or bytes for the whole cache (64MiB)", text);
+    /* each common key once; type= and ktype=/vtype= exclude each other in either order */
+    int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0;
     while ((part = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(part, '=');
         if (!eq || eq == part || !eq[1])
             return errorf(err, errlen, "bad option '%s' in '%s': options are key=value", part, text);
         *eq = 0;
         const char *key = part, *val = eq + 1;
+        int *seen = NULL;
         if (!strcmp(key, "type") || !strcmp(key, "ktype") || !strcmp(key, "vtype")) {
             int ty = kv_type_parse(val);
             if (ty < 0) return errorf(err, errlen, "unknown storage type %s=%s in '%s'; types: " TYPE_CHOICES,
                                       key, val, text);
+            int bit = key[0] == 't' ? 4 : key[0] == 'k' ? 1 : 2;
+            if ((bit == 4 && seen_kv) || (bit != 4 && seen_type))
+                return errorf(err, errlen, "'%s' conflicts with type= in '%s': give type= or ktype=/vtype=", key, text);
+            if (seen_kv & bit) return errorf(err, errlen, "option '%s' given twice in '%s'", key, text);
+            if (bit == 4) seen = &seen_type; else seen_kv |= bit;
             if (key[0] != 'v') sp->ktype = (KVType)ty;
             if (key[0] != 'k') sp->vtype = (KVType)ty;
-            if (!strcmp(key, "type")) type_set = 1;
-            else if (type_set) return errorf(err, errlen, "'%s' conflicts with type= in '%s'", key, text);
         } else if (!strcmp(key, "residual")) {
             char *end;
             long r = strtol(val, &end, 10);
             if (*end || end == val || r < 0 || r > 1 << 24)
                 return errorf(err, errlen, "bad residual=%s in '%s': a token count >= 0", val, text);
             sp->residual = (int)r;
+            seen = &seen_res;
         } else if (!strcmp(key, "pos")) {
             if (!strcmp(val, "orig")) sp->pos = POS_ORIG;
             else if (!strcmp(val, "cache")) sp->pos = POS_CACHE;
             else return errorf(err, errlen, "unknown pos=%s in '%s'; choices: orig, cache", val, text);
+            seen = &seen_pos;
         } else if (!strcmp(key, "agg")) {
             if (!strcmp(val, "mean")) sp->agg = AGG_MEAN;
             else if (!strcmp(val, "max")) sp->agg = AGG_MAX;
             else return errorf(err, errlen, "unknown agg=%s in '%s'; choices: mean, max", val, text);
+            seen = &seen_agg;
         } else {
             if (sp->n_params == KV_MAX_PARAMS) return errorf(err, errlen, "too many options in '%s'", text);
             if (strlen(key) >= sizeof sp->keys[0] || strlen(val) >= sizeof sp->vals[0])
@@ -230,8 +301,18 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
             strcpy(sp->vals[sp->n_params], val);
             sp->n_params++;
         }
+        if (seen) {
+            if (*seen) return errorf(err, errlen, "option '%s' given twice in '%s'", key, text);
+            *seen = 1;
+        }
     }
     return 0;
+}
+
+const char *kv_spec_value(const KVSpec *sp, const char *key) {
+    for (int i = 0; i < sp->n_params; i++)
+        if (!strcmp(sp->keys[i], key)) return sp->vals[i];
+    return NULL;
 }
 
 const char *kv_spec_get(KVSpec *sp, const char *key) {
@@ -240,27 +321,92 @@ const char *kv_spec_get(KVSpec *sp, const char *key) {
     return NULL;
 }
 
+int kv_spec_check_mode(const KVSpec *sp, const char *mode, char *err, size_t errlen) {
+    const KVPolicyOps *ops = kv_policy_find(sp->name);
+    if (ops && ops->prompt_end && !strcmp(mode, "ppl") && !kv_spec_value(sp, "prefill"))
+        return errorf(err, errlen, "'%s' in ppl mode needs prefill=P, the number of tokens after which %s "
+                      "compresses (ppl has no prompt), e.g. %s,prefill=1024", sp->text, sp->name, sp->text);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Layout and accounting. One formula serves kv_alloc_bytes_for, kv_cache_init and kv_bytes.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* Slots in the f32 region: the residual, or none when both types are f32 already (the region would change nothing). */
+static int residual_slots(const KVSpec *sp, int slots) {
+    if (sp->ktype == KV_F32 && sp->vtype == KV_F32) return 0;
+    return sp->residual < slots ? sp->residual : slots;
+}
+
+/* Per-slot bytes other than vectors: position (int32), one live-list and one free-list entry (int), policy meta. */
+static size_t slot_meta_bytes(size_t policy_meta) { return sizeof(int32_t) + 2 * sizeof(int) + policy_meta; }
+
+static size_t f32_vec_pair_bytes(int head_dim) { return 2 * (size_t)head_dim * sizeof(float); }
+
+size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps *ops, int budget) {
+    int slots = ops && ops->grows ? s->seq_len : budget, R = residual_slots(sp, slots);
+    size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
+    size_t typed = kv_vector_bytes(sp->ktype, s->head_dim) + kv_vector_bytes(sp->vtype, s->head_dim);
+    size_t lane = (size_t)(slots - R) * typed + (size_t)R * f32_vec_pair_bytes(s->head_dim)
+                  + (size_t)slots * slot_meta_bytes(pol);
+    return (size_t)s->n_layers * s->n_kv_heads * lane;
+}
+
+static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
+    KVBytes b = {0};
+    int R = c->residual, live_r = R - ln->n_free_r, live_q = ln->n_live - live_r;
+    size_t f32p = f32_vec_pair_bytes(c->shape.head_dim), meta = slot_meta_bytes(c->meta_bytes);
+    b.vec_alloc = (size_t)(c->budget - R) * (c->k_bytes + c->v_bytes) + (size_t)R * f32p;
+    b.vec_live = (size_t)live_q * (c->k_bytes + c->v_bytes) + (size_t)live_r * f32p;
+    b.meta_alloc = (size_t)c->budget * meta;
+    b.meta_live = (size_t)ln->n_live * meta;
+    b.total_alloc = b.vec_alloc + b.meta_alloc;
+    b.total_live = b.vec_live + b.meta_live;
+    /* bytes per element: f32 4, f16/bf16 2, q8 1, q4 0.5; computed in eighths to stay integral */
+    static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4};
+    b.formula_alloc = (size_t)c->shape.head_dim * c->budget * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
+    return b;
+}
+
+KVBytes kv_lane_bytes(const KVCache *c, int l, int g) {
+    const KVLane *ln = &c->lanes[l * c->shape.n_kv_heads + g];
+    KVBytes b = lane_bytes(c, ln);
+    /* the lane's peak in bytes: its peak slots, newest first in the f32 region */
+    int R = c->residual, pr = ln->peak_live < R ? ln->peak_live : R;
+    b.peak_live = (size_t)(ln->peak_live - pr) * (c->k_bytes + c->v_bytes)
+                  + (size_t)pr * f32_vec_pair_bytes(c->shape.head_dim)
+                  + (size_t)ln->peak_live * slot_meta_bytes(c->meta_bytes);
+    return b;
+}
+
+KVBytes kv_bytes(const KVCache *c) {
+    KVBytes b = {0};
+    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
+    for (int i = 0; i < n_lanes; i++) {
+        KVBytes x = lane_bytes(c, &c->lanes[i]);
+        b.vec_alloc += x.vec_alloc; b.vec_live += x.vec_live;
+        b.meta_alloc += x.meta_alloc; b.meta_live += x.meta_live;
+        b.formula_alloc += x.formula_alloc;
+    }
+    b.total_alloc = b.vec_alloc + b.meta_alloc;
+    b.total_live = b.vec_live + b.meta_live;
+    b.peak_live = c->peak_live_bytes > b.total_live ? c->peak_live_bytes : b.total_live;
+    return b;
+}
+
+static void update_peak(KVCache *c) {
+    size_t live = 0;
+    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
+    for (int i = 0; i < n_lanes; i++) live += lane_bytes(c, &c->lanes[i]).total_live;
+    if (live > c->peak_live_bytes) c->peak_live_bytes = live;
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
  * The cache
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* Per-lane bytes of everything but the vectors: positions, live list, free list, residual f32 copies, policy
- * metadata. */
-static size_t lane_meta_bytes(const KVShape *s, const KVSpec *sp, size_t policy_bytes_per_slot, int budget) {
-    size_t per_slot = sizeof(int32_t) /* pos */ + sizeof(int) /* live */ + sizeof(int) /* free */ + policy_bytes_per_slot;
-    return (size_t)budget * per_slot + (size_t)sp->residual * s->head_dim * 4 * 2;
-}
-
-static size_t lane_vec_bytes(const KVShape *s, const KVSpec *sp, int budget) {
-    return (size_t)budget * (kv_vector_bytes(sp->ktype, s->head_dim) + kv_vector_bytes(sp->vtype, s->head_dim));
-}
-
-size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps *ops, int budget) {
-    /* a policy's metadata per slot depends only on the policy, not its state (kv.h), so no init is needed here */
-    size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(NULL) : 0;
-    size_t lanes = (size_t)s->n_layers * s->n_kv_heads;
-    return lanes * (lane_vec_bytes(s, sp, budget) + lane_meta_bytes(s, sp, pol, budget));
-}
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
@@ -268,11 +414,19 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     c->spec = *spec;
     const KVPolicyOps *ops = kv_policy_find(spec->name);
     if (!ops) return errorf(err, errlen, "unknown kv policy '%s'; policies: %s", spec->name, kv_policy_names());
-    if (shape->head_dim % 2) return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", shape->head_dim);
+    if (shape->n_layers < 1 || shape->n_kv_heads < 1 || shape->n_heads < 1 || shape->n_heads % shape->n_kv_heads)
+        return errorf(err, errlen, "bad attention shape: %d layers, %d heads, %d kv heads", shape->n_layers,
+                      shape->n_heads, shape->n_kv_heads);
+    if (shape->head_dim < 2 || shape->head_dim % 2)
+        return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", shape->head_dim);
     int budget = spec->budget;
     if (spec->budget_bytes) {
+        if (ops->grows)
+            return errorf(err, errlen, "'%s': %s's lanes grow to the context (-c) after its compression, so a byte "
+                          "budget does not set its size; give its budget in tokens (%s:1024)", spec->text,
+                          spec->name, spec->name);
         /* the largest token budget whose allocated bytes fit (allocation grows with the budget) */
-        int lo = 0, hi = shape->seq_len > 0 ? 1 << 24 : 0;
+        int lo = 0, hi = 1 << 24;
         while (lo < hi) {
             int mid = lo + (hi - lo + 1) / 2;
             if (kv_alloc_bytes_for(shape, spec, ops, mid) <= spec->budget_bytes) lo = mid; else hi = mid - 1;
@@ -287,173 +441,224 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
                           spec->text, spec->name, spec->name, spec->name, spec->name);
         budget = shape->seq_len;
     }
+    if (budget < 1) return errorf(err, errlen, "'%s': no budget and no context length", spec->text);
     if (spec->residual > budget)
-        return errorf(err, errlen, "residual=%d in '%s' exceeds the budget of %d tokens", spec->residual, spec->text, budget);
-    c->budget = budget;
+        return errorf(err, errlen, "residual=%d in '%s' exceeds the budget of %d tokens (residual tokens are part of "
+                      "it)", spec->residual, spec->text, budget);
+    c->budget = ops->grows ? (shape->seq_len > budget ? shape->seq_len : budget) : budget;
+    c->residual = residual_slots(spec, c->budget);
     c->policy.ops = ops;
     c->policy.spec = &c->spec;
     c->policy.budget = budget;
     c->policy.n_lanes = shape->n_layers * shape->n_kv_heads;
     c->policy.n_kv_heads = shape->n_kv_heads;
+    c->policy.n_heads = shape->n_heads;
     c->policy.agg = spec->agg;
-    if (ops->init && ops->init(&c->policy, &c->spec, shape, budget, err, errlen)) return -1;
+    if (ops->init && ops->init(&c->policy, &c->spec, shape, budget, err, errlen)) {
+        kv_cache_free(c);
+        return -1;
+    }
     for (int i = 0; i < c->spec.n_params; i++)
         if (!c->spec.used[i]) {
-            errorf(err, errlen, "'%s' takes no option '%s' (in '%s'); every policy takes type, ktype, vtype, "
-                   "residual, pos, agg", spec->name, c->spec.keys[i], spec->text);
+            errorf(err, errlen, "'%s' takes no option '%s' (in '%s'); its options: %s; every policy takes "
+                   COMMON_KEYS, spec->name, c->spec.keys[i], spec->text, *ops->options ? ops->options : "none");
             kv_cache_free(c);
             return -1;
         }
 
-    int hd = shape->head_dim, n_lanes = c->policy.n_lanes, R = spec->residual;
+    int hd = shape->head_dim, n_lanes = c->policy.n_lanes, B = c->budget, R = c->residual;
     c->k_bytes = kv_vector_bytes(spec->ktype, hd);
     c->v_bytes = kv_vector_bytes(spec->vtype, hd);
-    /* one arena for every lane: pos, live, free lists, K, V, residual copies */
-    size_t per_lane = (size_t)budget * (sizeof(int32_t) + 2 * sizeof(int)) + (size_t)budget * (c->k_bytes + c->v_bytes)
-                      + (size_t)R * hd * 2 * sizeof(float) + 64;
+    c->meta_bytes = ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(&c->spec, budget) : 0;
+    /* one arena for every lane, each array 16-byte aligned (the padding is not cache memory and is not counted) */
+    size_t per_lane = align16((size_t)B * sizeof(int32_t)) + align16((size_t)B * sizeof(int))
+                      + align16((size_t)(B - R) * sizeof(int)) + align16((size_t)R * sizeof(int))
+                      + 2 * align16((size_t)R * hd * sizeof(float)) + align16((size_t)B * c->meta_bytes)
+                      + align16((size_t)(B - R) * c->k_bytes) + align16((size_t)(B - R) * c->v_bytes);
     c->arena_bytes = per_lane * n_lanes;
-    c->arena = calloc(1, c->arena_bytes);
+    c->arena = aligned_alloc(16, c->arena_bytes ? c->arena_bytes : 16);
     c->lanes = calloc((size_t)n_lanes, sizeof(KVLane));
-    c->scores = calloc((size_t)shape->n_heads * budget, sizeof(float));
-    c->agg = calloc((size_t)budget, sizeof(float));
-    c->kbuf_rows = budget;
-    c->kbuf = calloc((size_t)shape->n_kv_heads * budget * hd, sizeof(float));
-    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->kbuf) {
+    c->scores = calloc((size_t)shape->n_heads * B, sizeof(float));
+    c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
+    c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
+    c->kbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
+    c->victim_buf = calloc((size_t)B, sizeof(int));
+    c->score_buf = calloc((size_t)B, sizeof(double));
+    if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
+    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->victim_buf || !c->score_buf
+        || (spec->pos == POS_CACHE && !c->rope_cs)) {
+        size_t want = c->arena_bytes;
         kv_cache_free(c);
-        return errorf(err, errlen, "out of memory for a KV cache of %d slots per lane (%zu bytes)", budget, c->arena_bytes);
+        return errorf(err, errlen, "out of memory for a KV cache of %d slots per lane (%zu bytes)", B, want);
     }
+    memset(c->arena, 0, c->arena_bytes);
+    if (c->rope_cs)
+        for (int i = 0; i < B; i++) rope_cs(c->rope_cs + (size_t)i * hd, shape, i);
     uint8_t *p = c->arena;
+#define CARVE(ptr, type, bytes) do { (ptr) = (type)(void *)p; p += align16(bytes); } while (0)
     for (int i = 0; i < n_lanes; i++) {
         KVLane *ln = &c->lanes[i];
-        ln->pos = (int32_t *)p; p += (size_t)budget * sizeof(int32_t);
-        ln->live = (int *)p; p += (size_t)budget * sizeof(int);
-        ln->free_slots = (int *)p; p += (size_t)budget * sizeof(int);
-        ln->k = p; p += (size_t)budget * c->k_bytes;
-        ln->v = p; p += (size_t)budget * c->v_bytes;
-        p = (uint8_t *)(((uintptr_t)p + 15) & ~(uintptr_t)15);
-        ln->kres = R ? (float *)p : NULL; p += (size_t)R * hd * sizeof(float);
-        ln->vres = R ? (float *)p : NULL; p += (size_t)R * hd * sizeof(float);
-        p = (uint8_t *)(((uintptr_t)p + 15) & ~(uintptr_t)15);
+        CARVE(ln->pos, int32_t *, (size_t)B * sizeof(int32_t));
+        CARVE(ln->live, int *, (size_t)B * sizeof(int));
+        CARVE(ln->free_q, int *, (size_t)(B - R) * sizeof(int));
+        CARVE(ln->free_r, int *, (size_t)R * sizeof(int));
+        CARVE(ln->kres, float *, (size_t)R * hd * sizeof(float));
+        CARVE(ln->vres, float *, (size_t)R * hd * sizeof(float));
+        CARVE(ln->meta, uint8_t *, (size_t)B * c->meta_bytes);
+        CARVE(ln->k, uint8_t *, (size_t)(B - R) * c->k_bytes);
+        CARVE(ln->v, uint8_t *, (size_t)(B - R) * c->v_bytes);
     }
+#undef CARVE
+    c->policy.lanes = c->lanes;
     kv_cache_reset(c);
     return 0;
 }
 
 void kv_cache_reset(KVCache *c) {
-    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
+    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads, B = c->budget, R = c->residual;
     for (int i = 0; i < n_lanes; i++) {
         KVLane *ln = &c->lanes[i];
         ln->n_live = 0;
-        ln->n_free = c->budget;
-        for (int s = 0; s < c->budget; s++) {
-            ln->pos[s] = -1;
-            ln->free_slots[s] = c->budget - 1 - s;   /* pop order 0, 1, 2, ... */
-        }
+        ln->peak_live = 0;
+        ln->n_free_q = B - R;
+        ln->n_free_r = R;
+        for (int s = 0; s < B; s++) ln->pos[s] = -1;
+        for (int s = 0; s < B - R; s++) ln->free_q[s] = B - R - 1 - s;   /* pop order 0, 1, 2, ... */
+        for (int s = 0; s < R; s++) ln->free_r[s] = B - 1 - s;
+        memset(ln->meta, 0, (size_t)B * c->meta_bytes);
     }
+    c->policy.prompt_len = 0;
     if (c->policy.ops && c->policy.ops->reset) c->policy.ops->reset(&c->policy);
     c->peak_live_bytes = 0;
+    c->n_evictions = 0;
 }
 
 void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
-    free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->kbuf);
+    free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
+    free(c->rope_cs); free(c->victim_buf); free(c->score_buf);
     memset(c, 0, sizeof *c);
 }
 
-static void lane_remove(KVLane *ln, int slot) {
-    int i = 0;
-    while (i < ln->n_live && ln->live[i] != slot) i++;
-    if (i == ln->n_live) return;
-    memmove(ln->live + i, ln->live + i + 1, (size_t)(ln->n_live - i - 1) * sizeof(int));
-    ln->n_live--;
-    ln->pos[slot] = -1;
-    ln->free_slots[ln->n_free++] = slot;
+void kv_set_prompt_len(KVCache *c, int n_tokens) { c->policy.prompt_len = n_tokens > 0 ? n_tokens : 0; }
+
+/* Free n slots of lane (l, g) chosen by the policy, reporting each to the eviction log, then drop them from the live
+ * list in one pass (so freeing many at once, as snapkv does, stays linear). */
+static void lane_free(KVCache *c, int l, int g, KVLane *ln, const int *slots, const double *score, int n, int t) {
+    int Q = c->budget - c->residual;
+    for (int j = 0; j < n; j++) {
+        int s = slots[j];
+        if (s < 0 || s >= c->budget || ln->pos[s] < 0) {
+            /* a policy bug, never an input error: stop before the lists are corrupted */
+            fprintf(stderr, "kv: policy '%s' freed slot %d of layer %d kv head %d, which is not live\n",
+                    c->spec.name, s, l, g);
+            abort();
+        }
+        if (c->on_evict) c->on_evict(c->evict_ctx, t, l, g, ln->pos[s], score[j], c->spec.name);
+        ln->pos[s] = -1;
+        if (s < Q) ln->free_q[ln->n_free_q++] = s;
+        else ln->free_r[ln->n_free_r++] = s;
+        c->n_evictions++;
+    }
+    int w = 0;
+    for (int i = 0; i < ln->n_live; i++)
+        if (ln->pos[ln->live[i]] >= 0) ln->live[w++] = ln->live[i];
+    ln->n_live = w;
+}
+
+/* A free slot for a new token: an f32 slot when there is a residual region (moving its oldest token to the typed
+ * region first when it is full), else a typed slot. The lane holds at most budget-1 tokens here. */
+static int lane_take_slot(KVCache *c, KVLane *ln) {
+    int R = c->residual, Q = c->budget - R, hd = c->shape.head_dim;
+    if (R == 0) return ln->free_q[--ln->n_free_q];
+    if (ln->n_free_r == 0) {
+        int i = ln->n_live - R;                 /* the R f32 tokens are the newest, the last R of the live list */
+        int from = ln->live[i], to = ln->free_q[--ln->n_free_q], row = from - Q;
+        kv_encode(ln->k + (size_t)to * c->k_bytes, c->spec.ktype, ln->kres + (size_t)row * hd, hd);
+        kv_encode(ln->v + (size_t)to * c->v_bytes, c->spec.vtype, ln->vres + (size_t)row * hd, hd);
+        ln->pos[to] = ln->pos[from];
+        ln->pos[from] = -1;
+        memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
+        ln->live[i] = to;
+        ln->free_r[ln->n_free_r++] = from;
+    }
+    return ln->free_r[--ln->n_free_r];
 }
 
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     const KVShape *s = &c->shape;
-    int hd = s->head_dim, R = c->spec.residual;
+    const KVPolicyOps *ops = c->policy.ops;
+    int hd = s->head_dim, Q = c->budget - c->residual;
     float tmp[hd];
     for (int g = 0; g < s->n_kv_heads; g++) {
         int lane = l * s->n_kv_heads + g;
         KVLane *ln = &c->lanes[lane];
         /* step 1: evict when full */
-        if (ln->n_live == c->budget) {
-            int victims[64];
-            double score[64];
-            int n = c->policy.ops->victims ? c->policy.ops->victims(&c->policy, lane, ln, t, victims, 64, score) : 0;
+        if (ln->n_live >= c->budget) {
+            int n = ops->victims ? ops->victims(&c->policy, lane, ln, t, c->victim_buf, c->budget, c->score_buf) : 0;
             if (n <= 0) return -1;
-            for (int j = 0; j < n; j++) {
-                if (c->on_evict)
-                    c->on_evict(c->evict_ctx, t, l, g, ln->pos[victims[j]], score[j], c->spec.name);
-                lane_remove(ln, victims[j]);
-                c->n_evictions++;
-            }
+            lane_free(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
         }
         /* step 2: store */
-        int slot = ln->free_slots[--ln->n_free];
+        int slot = lane_take_slot(c, ln);
         memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
         if (c->spec.pos == POS_ORIG) kv_rope(tmp, s, t);
-        kv_encode(ln->k + (size_t)slot * c->k_bytes, c->spec.ktype, tmp, hd);
-        kv_encode(ln->v + (size_t)slot * c->v_bytes, c->spec.vtype, v + (size_t)g * hd, hd);
-        if (R) {
-            memcpy(ln->kres + (size_t)(t % R) * hd, tmp, (size_t)hd * sizeof(float));
-            memcpy(ln->vres + (size_t)(t % R) * hd, v + (size_t)g * hd, (size_t)hd * sizeof(float));
+        if (slot < Q) {
+            kv_encode(ln->k + (size_t)slot * c->k_bytes, c->spec.ktype, tmp, hd);
+            kv_encode(ln->v + (size_t)slot * c->v_bytes, c->spec.vtype, v + (size_t)g * hd, hd);
+        } else {
+            memcpy(ln->kres + (size_t)(slot - Q) * hd, tmp, (size_t)hd * sizeof(float));
+            memcpy(ln->vres + (size_t)(slot - Q) * hd, v + (size_t)g * hd, (size_t)hd * sizeof(float));
         }
         ln->pos[slot] = t;
         ln->live[ln->n_live++] = slot;
         if (ln->n_live > ln->peak_live) ln->peak_live = ln->n_live;
-        if (c->policy.ops->on_insert) c->policy.ops->on_insert(&c->policy, lane, slot, t);
+        memset(ln->meta + (size_t)slot * c->meta_bytes, 0, c->meta_bytes);
+        if (ops->on_insert) ops->on_insert(&c->policy, lane, ln, slot, t);
     }
-    size_t live = kv_bytes(c).total_live;
-    if (live > c->peak_live_bytes) c->peak_live_bytes = live;
+    update_peak(c);
     return 0;
 }
 
-/* The f32 key (rotated as the position mode says) of the lane's i-th live slot, written to x. Residual copies are
- * read for the newest R positions (t - R < pos <= t). */
-static const float *lane_key(const KVCache *c, const KVLane *ln, int i, int t, float *x) {
-    int slot = ln->live[i], hd = c->shape.head_dim, R = c->spec.residual, p = ln->pos[slot];
-    const float *src;
-    if (R && p > t - R) src = ln->kres + (size_t)(p % R) * hd;
-    else if (c->spec.ktype == KV_F32) src = (const float *)(ln->k + (size_t)slot * c->k_bytes);
-    else { kv_decode(x, c->spec.ktype, ln->k + (size_t)slot * c->k_bytes, hd); src = x; }
-    if (c->spec.pos == POS_CACHE) {
-        if (src != x) memcpy(x, src, (size_t)hd * sizeof(float));
-        kv_rope(x, &c->shape, i);
-        return x;
-    }
-    return src;
+/* The f32 key of the lane's i-th live slot, rotated as the position mode says, written to x (head_dim). */
+static void lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
+    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
+    if (slot >= Q) memcpy(x, ln->kres + (size_t)(slot - Q) * hd, (size_t)hd * sizeof(float));
+    else kv_decode(x, c->spec.ktype, ln->k + (size_t)slot * c->k_bytes, hd);
+    if (c->spec.pos == POS_CACHE) rope_apply(x, &c->shape, c->rope_cs + (size_t)i * hd);
 }
 
-static const float *lane_value(const KVCache *c, const KVLane *ln, int i, int t, float *x) {
-    int slot = ln->live[i], hd = c->shape.head_dim, R = c->spec.residual, p = ln->pos[slot];
-    if (R && p > t - R) return ln->vres + (size_t)(p % R) * hd;
-    if (c->spec.vtype == KV_F32) return (const float *)(ln->v + (size_t)slot * c->v_bytes);
+/* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
+static const float *lane_value(const KVCache *c, const KVLane *ln, int i, float *x) {
+    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
+    if (slot >= Q) return ln->vres + (size_t)(slot - Q) * hd;
+    if (c->spec.vtype == KV_F32) return (const float *)(const void *)(ln->v + (size_t)slot * c->v_bytes);
     kv_decode(x, c->spec.vtype, ln->v + (size_t)slot * c->v_bytes, hd);
     return x;
 }
 
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
+    const KVPolicyOps *ops = c->policy.ops;
     int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv, budget = c->budget;
     float scale = 1.0f / sqrtf((float)hd);
-    /* lanes are independent: any thread count gives the same bits */
+    /* step 3. Lanes are independent and each is computed by one thread: any thread count gives the same bits. */
     #pragma omp parallel for schedule(static)
     for (int g = 0; g < n_kv; g++) {
         const KVLane *ln = &c->lanes[l * n_kv + g];
         int n = ln->n_live;
-        float *keys = c->kbuf + (size_t)g * c->kbuf_rows * hd;   /* (n, hd) f32 keys, when not read in place */
+        float *keys = c->kbuf + (size_t)g * budget * hd;   /* (n, hd) f32 keys, decoded and rotated once per group */
         float qh[hd], vtmp[hd];
+        for (int i = 0; i < n; i++) lane_key(c, ln, i, keys + (size_t)i * hd);
         for (int hh = 0; hh < group; hh++) {
             int h = g * group + hh;
             float *sc = c->scores + (size_t)h * budget;
             memcpy(qh, q + (size_t)h * hd, (size_t)hd * sizeof(float));
-            kv_rope(qh, s, c->spec.pos == POS_CACHE ? n - 1 : t);
+            if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n - 1) * hd);
+            else kv_rope(qh, s, t);
             float mx = -INFINITY;
             for (int i = 0; i < n; i++) {
-                const float *k = hh == 0 ? lane_key(c, ln, i, t, keys + (size_t)i * hd) : keys + (size_t)i * hd;
-                if (hh == 0 && k != keys + (size_t)i * hd) memcpy(keys + (size_t)i * hd, k, (size_t)hd * sizeof(float));
+                const float *k = keys + (size_t)i * hd;
                 float dot = 0;
                 for (int d = 0; d < hd; d++) dot += qh[d] * k[d];
                 sc[i] = dot * scale;
@@ -467,7 +672,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
         /* out_h = Σ_i p_hi v_i, each value decoded once for the whole group */
         for (int hh = 0; hh < group; hh++) memset(out + (size_t)(g * group + hh) * hd, 0, (size_t)hd * sizeof(float));
         for (int i = 0; i < n; i++) {
-            const float *v = lane_value(c, ln, i, t, vtmp);
+            const float *v = lane_value(c, ln, i, vtmp);
             for (int hh = 0; hh < group; hh++) {
                 int h = g * group + hh;
                 float p = c->scores[(size_t)h * budget + i], *o = out + (size_t)h * hd;
@@ -475,48 +680,40 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             }
         }
     }
-    /* step 4: show the policy the group's probabilities */
-    if (!c->policy.ops->on_attend) return;
-    for (int g = 0; g < n_kv; g++) {
-        const KVLane *ln = &c->lanes[l * n_kv + g];
-        for (int i = 0; i < ln->n_live; i++) {
-            float a = 0;
-            for (int hh = 0; hh < group; hh++) {
-                float p = c->scores[(size_t)(g * group + hh) * budget + i];
-                if (c->spec.agg == AGG_MAX) a = hh == 0 ? p : fmaxf(a, p);
-                else a += p;
+    /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */
+    if (ops->on_attend)
+        for (int g = 0; g < n_kv; g++) {
+            KVLane *ln = &c->lanes[l * n_kv + g];
+            float *agg = c->agg + (size_t)g * budget, *mean = c->mean + (size_t)g * budget;
+            for (int i = 0; i < ln->n_live; i++) {
+                float sum = 0, mx = 0;
+                for (int hh = 0; hh < group; hh++) {
+                    float p = c->scores[(size_t)(g * group + hh) * budget + i];
+                    sum += p;
+                    mx = hh == 0 ? p : fmaxf(mx, p);
+                }
+                mean[i] = sum / group;
+                agg[i] = c->spec.agg == AGG_MAX ? mx : mean[i];
             }
-            c->agg[i] = c->spec.agg == AGG_MAX ? a : a / group;
+            ops->on_attend(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
         }
-        c->policy.ops->on_attend(&c->policy, l * n_kv + g, ln, c->agg, t);
+    if (ops->on_layer_done) ops->on_layer_done(&c->policy, l, t);
+    if (ops->prune) {
+        for (int g = 0; g < n_kv; g++) {
+            KVLane *ln = &c->lanes[l * n_kv + g];
+            int n = ops->prune(&c->policy, l * n_kv + g, ln, t, c->victim_buf, c->budget, c->score_buf);
+            if (n > 0) lane_free(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
+        }
     }
-    if (c->policy.ops->on_layer_done) c->policy.ops->on_layer_done(&c->policy, l, t);
 }
 
-KVBytes kv_bytes(const KVCache *c) {
-    KVBytes b = {0};
-    const KVShape *s = &c->shape;
-    int n_lanes = s->n_layers * s->n_kv_heads;
-    size_t pol = c->policy.ops && c->policy.ops->meta_bytes_per_slot ? c->policy.ops->meta_bytes_per_slot(&c->policy) : 0;
-    size_t vec_slot = c->k_bytes + c->v_bytes;
-    size_t meta_slot = sizeof(int32_t) + 2 * sizeof(int) + pol;
-    size_t res = (size_t)c->spec.residual * s->head_dim * 4 * 2;
-    for (int i = 0; i < n_lanes; i++) {
-        int live = c->lanes[i].n_live;
-        b.vec_live += (size_t)live * vec_slot;
-        b.meta_live += (size_t)live * meta_slot + (live < c->spec.residual ? (size_t)live : (size_t)c->spec.residual)
-                       * s->head_dim * 4 * 2;
-    }
-    b.vec_alloc = (size_t)n_lanes * c->budget * vec_slot;
-    b.meta_alloc = (size_t)n_lanes * ((size_t)c->budget * meta_slot + res);
-    b.total_alloc = b.vec_alloc + b.meta_alloc;
-    b.total_live = b.vec_live + b.meta_live;
-    b.peak_live = c->peak_live_bytes > b.total_live ? c->peak_live_bytes : b.total_live;
-    /* bytes per element: f32 4, f16/bf16 2, q8 1, q4 0.5; computed in eighths to stay integral */
-    static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4};
-    b.formula_alloc = (size_t)s->n_layers * s->n_kv_heads * s->head_dim * c->budget
-                      * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
-    return b;
+void kv_describe(const KVCache *c, char *buf, size_t len) {
+    char pol[160] = "";
+    if (c->policy.ops->describe) c->policy.ops->describe(&c->policy, pol, sizeof pol);
+    snprintf(buf, len, "%s budget %d%s%s, %d slots per lane, k %s v %s, residual %d, pos %s, agg %s", c->spec.name,
+             c->policy.budget, *pol ? " " : "", pol, c->budget, kv_type_names[c->spec.ktype],
+             kv_type_names[c->spec.vtype], c->residual, c->spec.pos == POS_CACHE ? "cache" : "orig",
+             c->spec.agg == AGG_MAX ? "max" : "mean");
 }
 
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max) {

@@ -3,11 +3,11 @@
  * The cache is made of LANES, one per (layer, kv_head). A lane holds at most `budget` SLOTS; a slot stores one token's
  * key and value vectors (head_dim each, in the lane's storage type), the token's original POSITION, and whatever
  * metadata the policy keeps for it. A slot is not a position: after an eviction, slot s can hold any position.
- * The policy (policies.c) decides which slot to free when a lane is full; this file does not know any policy.
+ * The policy (policies.c) decides which slots to free; this file and kv.c do not know any policy.
  * It deliberately does not batch over sequences (one stream per cache) and keeps policy decisions on the host.
  *
  * Dimensions: n_layers, n_heads, n_kv_heads, head_dim, budget (slots per lane), seq_len (context, tokens).
- * Indices: l layer, h query head, g kv head (lane within a layer), t position, s slot.
+ * Indices: l layer, h query head, g kv head (lane within a layer), t position, s slot, i rank in a lane's live list.
  */
 #ifndef KVLAB_KV_H
 #define KVLAB_KV_H
@@ -18,23 +18,38 @@
 
 /* ----------------------------------------------------------------------------------------------------------------
  * One decode step, for the token at position t and layer l (DESIGN.md, Semantics; the order is normative):
- *   1. for each lane: if it holds `budget` live slots, ask the policy for a victim (chosen from its state after step
- *      t-1) and free it;
+ *   1. for each lane: if it holds `budget` live slots, ask the policy for victims (chosen from its state after step
+ *      t-1) and free them;
  *   2. store k_t, v_t in a free slot (pos=orig: k rotated with position t; pos=cache: k stored before RoPE);
  *   3. every query head attends over its lane's live slots, itself included: softmax(q·Kᵀ/√head_dim)·V, scores and
  *      softmax in f32 whatever the storage type;
  *   4. the policy is shown this step's attention probabilities, aggregated over the query heads of the GQA group
- *      (mean, or max with agg=max), and updates its state.
+ *      (mean, or max with agg=max), and updates its state; a policy may then free slots (snapkv's one compression).
  * So the budget is both the number of tokens a query attends to (itself included) and the number of slots a lane
  * ever holds. `window:4` at t=9 attends {6,7,8,9}.
  *
- * Live slots are kept as an INDEX LIST per lane (`live`, slot ids in increasing position order): eviction removes one
- * entry, insertion appends one (positions only grow), and attention walks the list. We chose an index list over
- * compaction so a slot's bytes never move: a GPU copy of the cache only has to be told which slot changed.
+ * Live slots are kept as an INDEX LIST per lane (`live`, slot ids in increasing position order): eviction removes
+ * entries, insertion appends one (positions only grow), attention walks the list. We chose an index list over
+ * compaction so a token's bytes move at most once (see residual below): a GPU copy of the cache only has to be told
+ * which slots changed.
+ *
+ * Storage and the residual (KIVI, Liu et al. 2024, §3.3: the newest R tokens stay in full precision). A lane's
+ * `budget` slots are split in two regions: slots [0, budget-R) hold vectors in ktype/vtype, slots [budget-R, budget)
+ * hold them in f32. A new token always goes to the f32 region; when that region is full, its oldest token is
+ * encoded once into a free slot of the typed region (one exists: the lane holds at most budget-1 tokens before the
+ * store) and its policy metadata moves with it. So every typed token is older than every f32 token, the f32 region
+ * holds the newest min(R, n_live) live tokens (fewer, transiently, after a policy freed several of them at once), and
+ * residual tokens are part of the budget: no token is stored twice. Policies must not remember slot ids across
+ * steps: they keep their per-slot state in the lane's `meta`, which kv.c moves with the token.
  *
  * Positions (pos=): orig: keys are rotated with their true position when stored and the query with t.
- * cache (StreamingLLM): keys are stored before RoPE; at attention time the lane's n live keys, in position order,
- * are rotated by their rank 0..n-1 and the query by n-1. With nothing evicted the two are identical.
+ * cache (StreamingLLM, Xiao et al. 2023, §3.2): keys are stored before RoPE; at attention time the lane's n live
+ * keys, in position order, are rotated by their rank 0..n-1 and the query by n-1. With nothing evicted the two give
+ * the same bits.
+ *
+ * Memory (kv_bytes): vectors (scales and minimums included), positions (int32), the live and free index lists (int
+ * each) and policy metadata, per slot; allocated = every slot of every lane, live = the slots in use. Attention
+ * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_NTYPES } KVType;
@@ -49,7 +64,7 @@ typedef struct {
     int n_heads;       /* query heads */
     int n_kv_heads;    /* lanes per layer */
     int head_dim;
-    int seq_len;       /* context length, tokens: the budget of `full` and the shadow's length */
+    int seq_len;       /* context length, tokens: the budget of `full` and `snapkv`, and the shadow's length */
     float rope_theta;
     int rope_pairing;  /* 0: adjacent pairs (2i, 2i+1); 1: halves (i, i + head_dim/2) */
     const float *rope_factors; /* (head_dim/2) or NULL: Llama 3.1 frequency factors, freq_i /= factor_i */
@@ -76,21 +91,27 @@ typedef struct {
 /* Parse a spec. default_type is the -kvt storage type. Returns 0, or -1 with a message naming the bad part and the
  * valid choices in err. Never exits. The policy-specific part is checked by kv_cache_init (it needs the policy). */
 int kv_spec_parse(KVSpec *spec, const char *text, KVType default_type, char *err, size_t errlen);
-/* The value of a policy key, or NULL; marks the key as read. */
+/* The value of a policy key, or NULL; kv_spec_get marks the key as read, kv_spec_value does not. */
 const char *kv_spec_get(KVSpec *spec, const char *key);
+const char *kv_spec_value(const KVSpec *spec, const char *key);
+/* Checks a spec against the run mode ("generate", "chat", "ppl", "passkey", "bench"): a policy that acts at the end
+ * of the prompt (snapkv) needs prefill=P in ppl mode, which has no prompt. 0, or -1 + message. */
+int kv_spec_check_mode(const KVSpec *spec, const char *mode, char *err, size_t errlen);
 /* Parse a storage type name; -1 if unknown. */
 int kv_type_parse(const char *s);
 
-/* One lane: (layer, kv_head). */
+/* One lane: (layer, kv_head). Slot ids are 0..budget-1; slots below budget - residual are typed, the rest f32. */
 typedef struct {
     int n_live;            /* live slots now */
     int *live;             /* (budget) slot ids of the live tokens, in increasing position order */
     int32_t *pos;          /* (budget) original position of the token in each slot; -1 = free */
-    int *free_slots;       /* (budget) stack of free slot ids; n_free of them */
-    int n_free;
-    uint8_t *k;            /* (budget, k_bytes) keys in ktype */
-    uint8_t *v;            /* (budget, v_bytes) values in vtype */
-    float *kres, *vres;    /* (residual, head_dim) f32 copies of the newest `residual` tokens, ring by position */
+    int *free_q;           /* (budget - residual) stack of free typed slot ids; n_free_q of them */
+    int *free_r;           /* (residual) stack of free f32 slot ids; n_free_r of them */
+    int n_free_q, n_free_r;
+    uint8_t *k;            /* (budget - residual, k_bytes) keys in ktype */
+    uint8_t *v;            /* (budget - residual, v_bytes) values in vtype */
+    float *kres, *vres;    /* (residual, head_dim) keys and values of the f32 region; slot s is row s - (budget-R) */
+    uint8_t *meta;         /* (budget, meta_bytes) policy metadata of each slot, zeroed when a token is stored */
     int peak_live;         /* slots, the most ever live */
 } KVLane;
 
@@ -98,37 +119,51 @@ typedef struct KVPolicy KVPolicy;
 typedef struct KVCache KVCache;
 
 /* The policy interface. A policy is a table of these callbacks plus its state; policies.c registers them by name.
- * Lane index `lane` = l * n_kv_heads + g. Positions are tokens' original positions. */
+ * Lane index `lane` = l * n_kv_heads + g. Positions are tokens' original positions. Every callback is optional. */
 typedef struct {
     const char *name;
     const char *summary;       /* one line for -h */
+    const char *options;       /* its own keys, for error messages ("sinks=S"), or "" */
     int needs_budget;          /* 1: NAME:BUDGET is required */
-    int evicts;                /* 0 for full (and snapkv after its one compression) */
+    int evicts;                /* 1: the lane stays within its budget by evicting; 0: it stops at -c (full, snapkv) */
+    int grows;                 /* 1: lanes have room for -c tokens whatever the budget (snapkv grows after its
+                                  compression); the budget is then the policy's own target */
+    int prompt_end;            /* 1: acts at the end of the prompt (kv_set_prompt_len or prefill=P) */
     int needs_attention;       /* 1: wants step 4's probabilities */
-    /* Read the policy's own keys from spec (kv_spec_get), set defaults, check them against the budget; allocate state
-     * for n_lanes lanes of `budget` slots. 0, or -1 + message. */
+    /* Read the policy's own keys from spec (kv_spec_get), set defaults, check them against the budget (which must
+     * exceed what the policy protects, the current token counted, by at least one slot it chooses). 0, or -1 +
+     * message; on -1 the caller still calls free. */
     int (*init)(KVPolicy *p, KVSpec *spec, const KVShape *shape, int budget, char *err, size_t errlen);
     void (*free)(KVPolicy *p);
-    /* Policy metadata per slot, in bytes, for the accounting. Must not depend on the state: p may be NULL. */
-    size_t (*meta_bytes_per_slot)(const KVPolicy *p);
-    /* Forget all tokens (a new document). */
+    /* Bytes of policy metadata per slot (ln->meta), for the layout and the accounting. It depends on the spec and the
+     * budget only, never on the state, so byte budgets can be resolved before init (read keys with kv_spec_value). */
+    size_t (*meta_bytes_per_slot)(const KVSpec *spec, int budget);
+    /* Forget all tokens (a new document); lanes are already empty and their meta zeroed. */
     void (*reset)(KVPolicy *p);
-    /* A token at `pos` was stored in `slot` of `lane`. */
-    void (*on_insert)(KVPolicy *p, int lane, int slot, int pos);
-    /* Step 1: lane is full before storing the token at pos_now. Write up to `max` slots to free into victims,
-     * return how many (>= 1), or 0 when the policy cannot evict (full: the cache is full). */
+    /* A token at `pos` was stored in `slot` of `lane` (its meta is zero). */
+    void (*on_insert)(KVPolicy *p, int lane, KVLane *ln, int slot, int pos);
+    /* Step 1: the lane is full before storing the token at pos_now. Write up to `max` slots to free into victims and
+     * a score for each (for the log), return how many (>= 1), or 0 when the policy cannot evict (the cache is full). */
     int (*victims)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *victims, int max, double *score);
-    /* Step 4: probabilities (n_live), aggregated over the GQA group, in the order of ln->live. */
-    void (*on_attend)(KVPolicy *p, int lane, const KVLane *ln, const float *prob, int pos_now);
-    /* Called after all lanes of layer l attended at pos_now (for per-layer policies such as TOVA per=layer). */
+    /* Step 4: prob (n_live) aggregated over the GQA group as agg= says, and mean (n_live) the group mean (the same
+     * pointer when agg=mean), both in the order of ln->live; pos_now is the query's position. */
+    void (*on_attend)(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int pos_now);
+    /* After all lanes of layer l attended at pos_now (for per-layer policies such as TOVA per=layer). */
     void (*on_layer_done)(KVPolicy *p, int layer, int pos_now);
+    /* After step 4 of each lane: slots to free now whatever the fill (snapkv's compression). Returns how many. */
+    int (*prune)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *victims, int max, double *score);
+    /* The resolved parameters, for the start-up line ("recent=128"). */
+    void (*describe)(const KVPolicy *p, char *buf, size_t len);
 } KVPolicyOps;
 
 struct KVPolicy {
     const KVPolicyOps *ops;
     const KVSpec *spec;
-    int n_lanes, budget, n_kv_heads;
+    int n_lanes, n_kv_heads, n_heads;
+    int budget;            /* tokens per lane, the policy's budget (snapkv: its compression target) */
+    int prompt_len;        /* tokens of the prompt (positions 0..prompt_len-1), 0 = not known; kv_set_prompt_len */
     AggMode agg;
+    KVLane *lanes;         /* (n_lanes) the cache's lanes, for per-layer policies */
     void *state;
 };
 
@@ -137,14 +172,16 @@ const KVPolicyOps *kv_policy_find(const char *name);
 /* Names of all policies, comma-separated, for error messages. */
 const char *kv_policy_names(void);
 
-/* Memory accounting in bytes (DESIGN.md, Accounting). allocated: what the lanes hold room for; live: what is in use. */
+/* Memory accounting in bytes (DESIGN.md, Accounting). allocated: what the lanes hold room for; live: what is in use.
+ * The vector part of one slot is k_bytes + v_bytes in the typed region and 2 * head_dim * 4 in the f32 region. */
 typedef struct {
-    size_t vec_alloc, vec_live;     /* key and value vectors, scales and offsets included */
-    size_t meta_alloc, meta_live;   /* positions, policy metadata, index lists, residual copies */
+    size_t vec_alloc, vec_live;     /* key and value vectors, scales and minimums included */
+    size_t meta_alloc, meta_live;   /* positions, index lists, policy metadata */
     size_t total_alloc, total_live;
-    size_t peak_live;
-    size_t formula_alloc;           /* 2 · n_layers · n_kv_heads · head_dim · budget · bytes per element (f32 = 4,
-                                       f16/bf16 = 2, q8 = 1, q4 = 0.5): the vector part people quote */
+    size_t peak_live;               /* the most total_live ever reached since init or reset */
+    size_t formula_alloc;           /* 2 · n_layers · n_kv_heads · head_dim · slots · bytes per element (f32 = 4,
+                                       f16/bf16 = 2, q8 = 1, q4 = 0.5, k and v types apart, residual ignored): the
+                                       vector part people quote */
 } KVBytes;
 
 /* An event the cache reports to an optional eviction log (-kvlog). */
@@ -155,28 +192,37 @@ struct KVCache {
     KVShape shape;
     KVSpec spec;
     KVPolicy policy;
-    int budget;              /* slots per lane */
-    size_t k_bytes, v_bytes; /* bytes of one stored key / value vector */
+    int budget;              /* slots per lane: the policy's budget, or -c for full and snapkv */
+    int residual;            /* slots per lane in the f32 region (spec.residual; 0 when both types are f32) */
+    size_t k_bytes, v_bytes; /* bytes of one typed key / value vector */
+    size_t meta_bytes;       /* bytes of policy metadata per slot */
     KVLane *lanes;           /* (n_layers * n_kv_heads) */
     uint8_t *arena;          /* one allocation for every lane array */
     size_t arena_bytes;
-    /* scratch for attention */
+    /* scratch for attention (workspace, not counted as cache) */
     float *scores;           /* (n_heads, budget) probabilities of the last step, per query head */
-    float *agg;              /* (budget) aggregated over a GQA group */
-    float *kbuf;             /* (n_threads?, budget, head_dim) dequantized / rotated keys */
-    int kbuf_rows;
+    float *agg, *mean;       /* (n_kv_heads, budget) aggregated over a GQA group */
+    float *kbuf;             /* (n_kv_heads, budget, head_dim) dequantized / rotated keys */
+    float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
+    int *victim_buf;         /* (budget) */
+    double *score_buf;       /* (budget) */
     size_t peak_live_bytes;
     KVEvictFn on_evict; void *evict_ctx;
-    int n_evictions;
+    int n_evictions;         /* tokens evicted, all lanes */
 };
 
 /* Create a cache for a model shape from a parsed spec (the policy's own keys are checked here). Budget: spec->budget
  * tokens per lane, or the largest that fits spec->budget_bytes, or shape->seq_len for policies without a budget.
- * Returns 0, or -1 + message (budget 0, budget below what the policy protects, unknown key, byte budget too small). */
+ * Returns 0, or -1 + message (budget 0, budget not above what the policy protects, unknown key, byte budget too
+ * small). */
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen);
 void kv_cache_free(KVCache *c);
-/* Forget every token (between documents): all lanes empty, policy state reset. */
+/* Forget every token (between documents): all lanes empty, policy state reset, the prompt length back to prefill=. */
 void kv_cache_reset(KVCache *c);
+/* Tell a prompt-end policy (snapkv) that positions 0..n_tokens-1 are the prompt. Call it before feeding position 0
+ * (generate, chat, passkey); the compression then happens right after the attention of position n_tokens-1, from
+ * the attention of the last obs prompt queries, which the policy gathers as they pass. Other policies ignore it. */
+void kv_set_prompt_len(KVCache *c, int n_tokens);
 
 /* Steps 1 and 2 for every lane of layer l: evict if full, then store the token at position t.
  * k, v: (n_kv_heads * head_dim) before RoPE. Returns 0, or -1 when a lane is full and the policy cannot evict
@@ -184,7 +230,8 @@ void kv_cache_reset(KVCache *c);
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
 /* Steps 3 and 4: out (n_heads * head_dim) = attention of q (n_heads * head_dim, before RoPE) at position t over the
  * live slots of layer l; then the policy is shown the aggregated probabilities. This is the CPU reference that the
- * CUDA kernels are checked against. */
+ * CUDA kernels are checked against. The probabilities of query head h stay in c->scores[h * budget + i] (rank i).
+ * Lanes run in parallel under OpenMP; each output is computed by one thread, so any thread count gives the same bits. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q);
 
 /* RoPE in place on one head vector x (head_dim) at position pos (RoFormer, Su et al. 2021, eq. 34; pairing per
@@ -193,12 +240,21 @@ void kv_rope(float *x, const KVShape *shape, int pos);
 
 /* Bytes of one stored vector of head_dim elements in type ty (scales included). */
 size_t kv_vector_bytes(KVType ty, int head_dim);
-/* Accounting for the whole cache now. */
+/* Encode x (head_dim, finite) into dst (kv_vector_bytes bytes) and decode it back; exposed for tests and kernels.
+ * Groups of gcd(head_dim, 32); see kv.c for the layouts and their error bounds. */
+void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim);
+void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim);
+/* Accounting for the whole cache now, and for one lane (its peak_live is that lane's peak slots in bytes). */
 KVBytes kv_bytes(const KVCache *c);
-/* The allocated bytes a cache of this shape and spec would take with `budget` slots per lane. */
+KVBytes kv_lane_bytes(const KVCache *c, int l, int g);
+/* The allocated bytes a cache of this shape and spec would take with `budget` slots per lane (= kv_bytes's
+ * total_alloc after kv_cache_init). */
 size_t kv_alloc_bytes_for(const KVShape *shape, const KVSpec *spec, const KVPolicyOps *ops, int budget);
+/* One line: policy, resolved budget and parameters, types, residual, pos, agg (for the start-up line and -v). */
+void kv_describe(const KVCache *c, char *buf, size_t len);
 
-/* Slots of a lane that are live now, as positions (for tests and logs): writes up to max positions, returns count. */
+/* Slots of a lane that are live now, as positions in increasing order (for tests and logs): writes up to max
+ * positions, returns count. */
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max);
 
 /* ---- storage type conversions (IEEE 754 binary16, bfloat16), round to nearest even; shared by export.c ---- */

@@ -1,17 +1,25 @@
 /* policies.c: the KV-cache policies, one section each, registered in one table at the end.
- * A policy only chooses victims and keeps its own per-slot state; storage, attention and accounting are kv.c's.
- * It deliberately knows nothing of the model or of the device the attention runs on.
+ * A policy only chooses victims and keeps its per-slot state in the lane's `meta` bytes; storage, attention and
+ * accounting are kv.c's. It deliberately knows nothing of the model or of the device the attention runs on.
  *
  * HOW TO ADD A POLICY: write a section below with a KVPolicyOps table (kv.h says what each callback is told and
- * when), cite the paper and section it implements, read its own keys with kv_spec_get in init (an unread key is an
- * error), check that the budget exceeds what it protects by at least one slot, and add it to `registry` at the end.
- * Nothing outside this file changes.
+ * when), cite the paper and section it implements, declare its per-slot metadata in meta_bytes_per_slot (kv.c
+ * allocates it, zeroes it for each new token, moves it with the token and counts it), read its own keys with
+ * kv_spec_get in init (an unread key is an error), list them in .options, check that the budget exceeds what it
+ * protects (the current token counted) by at least one slot it chooses itself, never return a protected slot, break
+ * ties by the oldest position, and add it to `registry` at the end. Nothing outside this file changes.
  *
- * Dimensions: budget (slots per lane), n_lanes (n_layers * n_kv_heads). Indices: s slot, i rank in a lane's live list
- * (live slots in increasing position order), t position.
+ * Rules every policy here follows (DESIGN.md, Semantics): `victims` is asked at step 1 of the token at pos_now,
+ * before it is stored, from the state after step pos_now-1; `recent=R` protects positions pos_now-R+1..pos_now (the
+ * current token counted); a score-based policy keeps one token set per kv head (lane), from the attention of the
+ * query heads of its GQA group aggregated by agg= (mean or max); thresholds compare the group mean whatever agg= is.
+ *
+ * Dimensions: budget (slots per lane), n_lanes (n_layers * n_kv_heads). Indices: s slot, i rank in a lane's live
+ * list (live slots in increasing position order), t position.
  */
 #include "kv.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,16 +32,56 @@ static int perr(char *err, size_t errlen, const char *fmt, ...) {
     return -1;
 }
 
-/* An integer option; 0 = absent (def), 1 = set, -1 = bad (message written). */
-static int opt_int(KVSpec *sp, const char *key, int lo, int hi, int *out, char *err, size_t errlen) {
-    const char *v = kv_spec_get(sp, key);
+/* An integer option from a value string; 0 = absent (out untouched), 1 = set, -1 = bad (message written). */
+static int parse_int_opt(const KVSpec *sp, const char *key, const char *v, long lo, long hi, long *out, char *err,
+                         size_t errlen) {
     if (!v) return 0;
     char *end;
     long x = strtol(v, &end, 10);
     if (end == v || *end || x < lo || x > hi)
-        return perr(err, errlen, "bad %s=%s in '%s': an integer in [%d, %d]", key, v, sp->text, lo, hi);
-    *out = (int)x;
+        return perr(err, errlen, "bad %s=%s in '%s': an integer in [%ld, %ld]", key, v, sp->text, lo, hi);
+    *out = x;
     return 1;
+}
+
+/* Reads and marks key as used; see parse_int_opt. */
+static int opt_int(KVSpec *sp, const char *key, long lo, long hi, long *out, char *err, size_t errlen) {
+    return parse_int_opt(sp, key, kv_spec_get(sp, key), lo, hi, out, err, errlen);
+}
+
+/* The budget must leave at least one slot the policy chooses beyond the `protected` ones (current token counted);
+ * `what` names them as the spec does ("recent=64"), `fix` says what else could change. */
+static int check_budget(const KVSpec *sp, const char *name, int budget, int protected, const char *what,
+                        const char *fix, char *err, size_t errlen) {
+    if (budget > protected) return 0;
+    return perr(err, errlen, "'%s': %s protects %d tokens (the current one counted), which leaves %s no slot to "
+                "choose in a budget of %d: the budget must exceed them by at least one (a budget >= %d%s%s)",
+                sp->text, what, protected, name, budget, protected + 1, *fix ? ", or " : "", fix);
+}
+
+static void state_free(KVPolicy *p) { free(p->state); p->state = NULL; }
+
+static int lane_layer(const KVPolicy *p, int lane) { return lane / p->n_kv_heads; }
+
+/* Per-slot metadata views (kv.c aligns ln->meta to 16 bytes). */
+static float *meta_f32(KVLane *ln) { return (float *)(void *)ln->meta; }
+static const float *meta_f32c(const KVLane *ln) { return (const float *)(const void *)ln->meta; }
+static size_t meta_4(const KVSpec *sp, int budget) { (void)sp; (void)budget; return 4; }
+
+/* The live rank just past the candidates when positions > t - recent are protected: live[0..return) are candidates. */
+static int candidates_end(const KVLane *ln, int t, int recent) {
+    int n = ln->n_live;
+    while (n > 0 && ln->pos[ln->live[n - 1]] > t - recent) n--;
+    return n;
+}
+
+/* The candidate rank in [i0, i1) with the lowest float score in meta; ties go to the oldest (the first). */
+static int argmin_f32(const KVLane *ln, int i0, int i1) {
+    const float *m = meta_f32c(ln);
+    int best = i0;
+    for (int i = i0 + 1; i < i1; i++)
+        if (m[ln->live[i]] < m[ln->live[best]]) best = i;
+    return best;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -41,12 +89,13 @@ static int opt_int(KVSpec *sp, const char *key, int lo, int hi, int *out, char *
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps policy_full = {
-    .name = "full", .summary = "never evict; budget = the context (-c)", .needs_budget = 0, .evicts = 0,
+    .name = "full", .summary = "never evict; budget = the context (-c)", .options = "", .needs_budget = 0,
+    .evicts = 0,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
  * window:W: the W most recent tokens, the current one included (the sliding window of Longformer, Beltagy et al.
- * 2020, §3.1, applied to the cache). Victim: the oldest live token.
+ * 2020, §3.1, applied to the cache). Victim: the oldest live token. window:1 is allowed: each token sees itself.
  * ------------------------------------------------------------------------------------------------------------- */
 
 static int window_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
@@ -56,14 +105,14 @@ static int window_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *v
 }
 
 static const KVPolicyOps policy_window = {
-    .name = "window", .summary = "window:W keeps the W most recent tokens", .needs_budget = 1, .evicts = 1,
-    .victims = window_victims,
+    .name = "window", .summary = "window:W keeps the W most recent tokens", .options = "", .needs_budget = 1,
+    .evicts = 1, .victims = window_victims,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
  * sink:N,sinks=S: StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks", §3.2):
  * the S first tokens (attention sinks) and the N-S most recent. Victim: the oldest token that is not a sink. Sinks
- * are never evicted, so they are always live[0..S-1].
+ * are never evicted, so they are always live[0..S-1]. Default S = 4 (the paper's choice).
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct { int sinks; } SinkState;
@@ -72,15 +121,14 @@ static int sink_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, 
     SinkState *st = calloc(1, sizeof *st);
     if (!st) return perr(err, errlen, "out of memory");
     p->state = st;
-    st->sinks = 4;
-    if (opt_int(sp, "sinks", 0, 1 << 20, &st->sinks, err, errlen) < 0) return -1;
-    if (budget < st->sinks + 2)
-        return perr(err, errlen, "'%s': budget %d must exceed sinks=%d plus the current token by at least one slot "
-                    "(budget >= %d)", sp->text, budget, st->sinks, st->sinks + 2);
-    return 0;
+    long s = 4;
+    if (opt_int(sp, "sinks", 0, 1 << 24, &s, err, errlen) < 0) return -1;
+    st->sinks = (int)s;
+    char what[48], fix[48];
+    snprintf(what, sizeof what, "sinks=%d", st->sinks);
+    snprintf(fix, sizeof fix, "sinks <= %d", budget - 2 >= 0 ? budget - 2 : 0);
+    return check_budget(sp, "sink", budget, st->sinks + 1, what, budget >= 2 ? fix : "", err, errlen);
 }
-
-static void state_free(KVPolicy *p) { free(p->state); p->state = NULL; }
 
 static int sink_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     SinkState *st = p->state;
@@ -89,16 +137,450 @@ static int sink_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *vic
     return 1;
 }
 
+static void sink_describe(const KVPolicy *p, char *buf, size_t len) {
+    snprintf(buf, len, "sinks=%d", ((const SinkState *)p->state)->sinks);
+}
+
 static const KVPolicyOps policy_sink = {
     .name = "sink", .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
-    .needs_budget = 1, .evicts = 1, .init = sink_init, .free = state_free, .victims = sink_victims,
+    .options = "sinks=S (default 4)", .needs_budget = 1, .evicts = 1, .init = sink_init, .free = state_free,
+    .victims = sink_victims, .describe = sink_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * h2o:N,recent=R: Heavy-Hitter Oracle (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative
+ * Inference of Large Language Models", §4.2, Algorithm 1): each token's attention is accumulated over every step
+ * since it was stored (per lane: one set per kv head, the group's probabilities aggregated by agg=); the R most
+ * recent tokens (current included) are always kept; the victim is the other token with the lowest accumulated
+ * attention. Default R = N/2, the paper's even split between recent and heavy tokens. Metadata: one f32 sum.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int recent; } RecentState;
+
+static int h2o_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    RecentState *st = calloc(1, sizeof *st);
+    if (!st) return perr(err, errlen, "out of memory");
+    p->state = st;
+    long r = budget / 2 > 1 ? budget / 2 : 1;
+    if (opt_int(sp, "recent", 1, 1 << 24, &r, err, errlen) < 0) return -1;
+    st->recent = (int)r;
+    char what[48], fix[48];
+    snprintf(what, sizeof what, "recent=%d", st->recent);
+    snprintf(fix, sizeof fix, "recent <= %d", budget - 1);
+    return check_budget(sp, "h2o", budget, st->recent, what, budget >= 2 ? fix : "", err, errlen);
+}
+
+static void h2o_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+    float *acc = meta_f32(ln);
+    for (int i = 0; i < ln->n_live; i++) acc[ln->live[i]] += prob[i];
+}
+
+static int h2o_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    RecentState *st = p->state;
+    int i = argmin_f32(ln, 0, candidates_end(ln, t, st->recent));
+    victims[0] = ln->live[i];
+    score[0] = meta_f32c(ln)[victims[0]];
+    return 1;
+}
+
+static void recent_describe(const KVPolicy *p, char *buf, size_t len) {
+    snprintf(buf, len, "recent=%d", ((const RecentState *)p->state)->recent);
+}
+
+static const KVPolicyOps policy_h2o = {
+    .name = "h2o", .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
+    .options = "recent=R (default N/2)", .needs_budget = 1, .evicts = 1, .needs_attention = 1, .init = h2o_init,
+    .free = state_free, .meta_bytes_per_slot = meta_4, .on_attend = h2o_on_attend, .victims = h2o_victims,
+    .describe = recent_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * tova:N,per=lane|layer: Token Omission Via Attention (Oren et al. 2024, "Transformers are Multi-State RNNs", §3.3):
+ * drop the token with the lowest attention at the last step. In the paper the current query first attends over
+ * N+1 tokens and the lowest is dropped after; here, as DESIGN.md's step order requires (the budget is what a query
+ * attends to), the victim is chosen when the lane is full from the PREVIOUS step's attention, before the current
+ * token is stored. The paper keeps one set per layer, scoring with the attention averaged over all heads of the
+ * layer: per=layer does that (the mean, or the max with agg=max, over every query head of the layer, so every lane
+ * of a layer holds the same positions); per=lane (default) keeps one set per kv head from its GQA group's
+ * attention. Only the current token is protected. Metadata: one f32, the last step's attention.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int per_layer; float *layer_score; /* (budget) sum or max over the lanes of the layer */ } TovaState;
+
+static int tova_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    TovaState *st = calloc(1, sizeof *st);
+    if (!st) return perr(err, errlen, "out of memory");
+    p->state = st;
+    const char *per = kv_spec_get(sp, "per");
+    if (per && strcmp(per, "lane") && strcmp(per, "layer"))
+        return perr(err, errlen, "unknown per=%s in '%s'; choices: lane, layer", per, sp->text);
+    st->per_layer = per && !strcmp(per, "layer");
+    if (st->per_layer && !(st->layer_score = calloc((size_t)budget, sizeof(float))))
+        return perr(err, errlen, "out of memory");
+    return check_budget(sp, "tova", budget, 1, "tova", "", err, errlen);
+}
+
+static void tova_free(KVPolicy *p) {
+    TovaState *st = p->state;
+    if (st) free(st->layer_score);
+    state_free(p);
+}
+
+static void tova_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+    TovaState *st = p->state;
+    if (!st->per_layer) {
+        float *last = meta_f32(ln);
+        for (int i = 0; i < ln->n_live; i++) last[ln->live[i]] = prob[i];
+        return;
+    }
+    /* per=layer: every lane of the layer holds the same positions in the same order, so rank i is one token */
+    int g = lane % p->n_kv_heads;
+    for (int i = 0; i < ln->n_live; i++) {
+        float *s = &st->layer_score[i];
+        if (g == 0) *s = prob[i];
+        else if (p->agg == AGG_MAX) *s = fmaxf(*s, prob[i]);
+        else *s += prob[i];
+    }
+}
+
+static void tova_on_layer_done(KVPolicy *p, int layer, int t) {
+    TovaState *st = p->state;
+    if (!st->per_layer) return;
+    for (int g = 0; g < p->n_kv_heads; g++) {
+        KVLane *ln = &p->lanes[layer * p->n_kv_heads + g];
+        float *last = meta_f32(ln);
+        /* the mean over all heads of the layer = the mean of the group means (groups are equal in size) */
+        for (int i = 0; i < ln->n_live; i++)
+            last[ln->live[i]] = p->agg == AGG_MAX ? st->layer_score[i] : st->layer_score[i] / p->n_kv_heads;
+    }
+}
+
+static int tova_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    int i = argmin_f32(ln, 0, ln->n_live);
+    victims[0] = ln->live[i];
+    score[0] = meta_f32c(ln)[victims[0]];
+    return 1;
+}
+
+static void tova_describe(const KVPolicy *p, char *buf, size_t len) {
+    snprintf(buf, len, "per=%s", ((const TovaState *)p->state)->per_layer ? "layer" : "lane");
+}
+
+static const KVPolicyOps policy_tova = {
+    .name = "tova", .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
+    .options = "per=lane|layer (default lane)", .needs_budget = 1, .evicts = 1, .needs_attention = 1,
+    .init = tova_init, .free = tova_free, .meta_bytes_per_slot = meta_4, .on_attend = tova_on_attend,
+    .on_layer_done = tova_on_layer_done, .victims = tova_victims, .describe = tova_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * scissorhands:N,recent=R,history=H,drop=M: Scissorhands (Liu et al. 2023, "Scissorhands: Exploiting the
+ * Persistence of Importance Hypothesis for LLM KV Cache Compression at Test Time", §4, Algorithms 1 and 2): over
+ * the last H steps, count how often a token's attention fell below the threshold 1/(live slots) (the group MEAN is
+ * compared, whatever agg=); when the lane is full, free the M tokens counted unimportant most often at once (ties:
+ * oldest first), the R most recent (current included) protected; the lane then holds fewer than N tokens until it
+ * refills. Defaults R = H = N/4 (at least 1), M = 1. Metadata: an H-bit ring per slot, bit (t mod H) set when the
+ * token was unimportant at step t (bits of steps before the token existed are 0), so the count is exact.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int recent, history, drop; } ScissorsState;
+
+/* Reads recent, history, drop (marking them when sp is writable), with defaults and checks. */
+static int scissors_params(const KVSpec *sp, KVSpec *mark, int budget, ScissorsState *st, char *err, size_t errlen) {
+    long r = budget / 4 > 1 ? budget / 4 : 1, h = r, m = 1;
+    const char *vr = mark ? kv_spec_get(mark, "recent") : kv_spec_value(sp, "recent");
+    const char *vh = mark ? kv_spec_get(mark, "history") : kv_spec_value(sp, "history");
+    const char *vm = mark ? kv_spec_get(mark, "drop") : kv_spec_value(sp, "drop");
+    if (parse_int_opt(sp, "recent", vr, 1, 1 << 24, &r, err, errlen) < 0) return -1;
+    if (parse_int_opt(sp, "history", vh, 1, 1 << 20, &h, err, errlen) < 0) return -1;
+    if (parse_int_opt(sp, "drop", vm, 1, 1 << 24, &m, err, errlen) < 0) return -1;
+    st->recent = (int)r; st->history = (int)h; st->drop = (int)m;
+    char what[48], fix[48];
+    snprintf(what, sizeof what, "recent=%d", st->recent);
+    snprintf(fix, sizeof fix, "recent <= %d", budget - 1);
+    if (check_budget(sp, "scissorhands", budget, st->recent, what, budget >= 2 ? fix : "", err, errlen)) return -1;
+    if (st->drop > budget - st->recent + 1)
+        return perr(err, errlen, "'%s': drop=%d frees more tokens than the %d a full lane has outside recent=%d "
+                    "(before the current token is stored): use drop <= %d", sp->text, st->drop,
+                    budget - st->recent + 1, st->recent, budget - st->recent + 1);
+    return 0;
+}
+
+static size_t scissors_meta_bytes(const KVSpec *sp, int budget) {
+    ScissorsState st = {0};
+    char err[8];
+    if (scissors_params(sp, NULL, budget, &st, err, sizeof err) && st.history < 1)   /* bad spec: init will say */
+        st.history = budget / 4 > 1 ? budget / 4 : 1;
+    return ((size_t)st.history + 7) / 8;
+}
+
+static int scissors_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    ScissorsState *st = calloc(1, sizeof *st);
+    if (!st) return perr(err, errlen, "out of memory");
+    p->state = st;
+    return scissors_params(sp, sp, budget, st, err, errlen);
+}
+
+static void scissors_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+    ScissorsState *st = p->state;
+    size_t mb = ((size_t)st->history + 7) / 8;
+    int bit = t % st->history;
+    float thr = 1.0f / (float)ln->n_live;
+    for (int i = 0; i < ln->n_live; i++) {
+        uint8_t *ring = ln->meta + (size_t)ln->live[i] * mb;
+        if (mean[i] < thr) ring[bit / 8] |= (uint8_t)(1u << (bit % 8));
+        else ring[bit / 8] &= (uint8_t)~(1u << (bit % 8));
+    }
+}
+
+static int scissors_count(const ScissorsState *st, const KVLane *ln, int slot) {
+    size_t mb = ((size_t)st->history + 7) / 8;
+    const uint8_t *ring = ln->meta + (size_t)slot * mb;
+    int n = 0;
+    for (size_t j = 0; j < mb; j++)
+        for (uint8_t b = ring[j]; b; b &= (uint8_t)(b - 1)) n++;
+    return n;
+}
+
+static int scissors_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    ScissorsState *st = p->state;
+    int n_cand = candidates_end(ln, t, st->recent), n = 0;
+    int want = st->drop < n_cand ? st->drop : n_cand;
+    if (want > max) want = max;
+    /* M rounds of "highest count, oldest first" among the candidates not yet chosen (victims hold live ranks) */
+    while (n < want) {
+        int best = -1, best_count = -1;
+        for (int i = 0; i < n_cand; i++) {
+            int taken = 0;
+            for (int j = 0; j < n; j++) taken |= victims[j] == i;
+            if (taken) continue;
+            int cnt = scissors_count(st, ln, ln->live[i]);
+            if (cnt > best_count) { best = i; best_count = cnt; }
+        }
+        victims[n] = best;
+        score[n] = best_count;
+        n++;
+    }
+    for (int j = 0; j < n; j++) victims[j] = ln->live[victims[j]];
+    return n;
+}
+
+static void scissors_describe(const KVPolicy *p, char *buf, size_t len) {
+    const ScissorsState *st = p->state;
+    snprintf(buf, len, "recent=%d history=%d drop=%d", st->recent, st->history, st->drop);
+}
+
+static const KVPolicyOps policy_scissorhands = {
+    .name = "scissorhands",
+    .summary = "scissorhands:N frees the tokens most often below 1/n attention over the last H steps (Scissorhands)",
+    .options = "recent=R, history=H (default N/4 each), drop=M (default 1)", .needs_budget = 1, .evicts = 1,
+    .needs_attention = 1, .init = scissors_init, .free = state_free, .meta_bytes_per_slot = scissors_meta_bytes,
+    .on_attend = scissors_on_attend, .victims = scissors_victims, .describe = scissors_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * lru:N,thresh=τ: least recently used, the classic cache policy with "use" read from attention: a token is used at a
+ * step when its attention (the group mean) is at least τ/(live slots), τ = 1 meaning "above uniform"; a token counts
+ * as used when stored; the victim is the token whose last use is oldest (ties: the oldest position). Only the
+ * current token is protected. Metadata: one int32, the step of the last use.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { float thresh; } LruState;
+
+static int lru_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    LruState *st = calloc(1, sizeof *st);
+    if (!st) return perr(err, errlen, "out of memory");
+    p->state = st;
+    st->thresh = 1.0f;
+    const char *v = kv_spec_get(sp, "thresh");
+    if (v) {
+        char *end;
+        double x = strtod(v, &end);
+        if (end == v || *end || !(x > 0 && x <= 1e6))
+            return perr(err, errlen, "bad thresh=%s in '%s': a number in (0, 1e6], in units of 1/(live slots)", v,
+                        sp->text);
+        st->thresh = (float)x;
+    }
+    return check_budget(sp, "lru", budget, 1, "lru", "", err, errlen);
+}
+
+static void lru_on_insert(KVPolicy *p, int lane, KVLane *ln, int slot, int pos) {
+    int32_t v = pos;
+    memcpy(ln->meta + (size_t)slot * 4, &v, 4);
+}
+
+static void lru_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+    LruState *st = p->state;
+    float thr = st->thresh / (float)ln->n_live;
+    int32_t v = t;
+    for (int i = 0; i < ln->n_live; i++)
+        if (mean[i] >= thr) memcpy(ln->meta + (size_t)ln->live[i] * 4, &v, 4);
+}
+
+static int lru_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    int best = 0;
+    int32_t best_use = 0;
+    for (int i = 0; i < ln->n_live; i++) {
+        int32_t u;
+        memcpy(&u, ln->meta + (size_t)ln->live[i] * 4, 4);
+        if (i == 0 || u < best_use) { best = i; best_use = u; }
+    }
+    victims[0] = ln->live[best];
+    score[0] = best_use;
+    return 1;
+}
+
+static void lru_describe(const KVPolicy *p, char *buf, size_t len) {
+    snprintf(buf, len, "thresh=%g", ((const LruState *)p->state)->thresh);
+}
+
+static const KVPolicyOps policy_lru = {
+    .name = "lru", .summary = "lru:N evicts the token whose attention last reached thresh/(live slots) longest ago",
+    .options = "thresh=T (default 1)", .needs_budget = 1, .evicts = 1, .needs_attention = 1, .init = lru_init,
+    .free = state_free, .meta_bytes_per_slot = meta_4, .on_insert = lru_on_insert, .on_attend = lru_on_attend,
+    .victims = lru_victims, .describe = lru_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * random:N,seed=K: the floor every policy must beat. The victim is drawn uniformly among the live tokens (only the
+ * current token, not yet stored, is protected) by a counter-based generator: a pure function of (seed, layer,
+ * kv_head, position of the token being added), SplitMix64's finalizer (Steele et al. 2014) chained over the key,
+ * so results do not depend on batching, thread count or call order. No metadata.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { uint64_t seed; } RandomState;
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int random_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    RandomState *st = calloc(1, sizeof *st);
+    if (!st) return perr(err, errlen, "out of memory");
+    p->state = st;
+    st->seed = 1;
+    const char *v = kv_spec_get(sp, "seed");
+    if (v) {
+        char *end;
+        if (*v < '0' || *v > '9') return perr(err, errlen, "bad seed=%s in '%s': an integer >= 0", v, sp->text);
+        st->seed = strtoull(v, &end, 10);
+        if (*end) return perr(err, errlen, "bad seed=%s in '%s': an integer >= 0", v, sp->text);
+    }
+    return check_budget(sp, "random", budget, 1, "random", "", err, errlen);
+}
+
+static int random_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    RandomState *st = p->state;
+    uint64_t r = mix64(mix64(mix64(mix64(st->seed) ^ (uint64_t)lane_layer(p, lane)) ^ (uint64_t)(lane % p->n_kv_heads))
+                       ^ (uint64_t)t);
+    /* r mod n: the bias is below n / 2^64, far below anything a run can observe */
+    victims[0] = ln->live[r % (uint64_t)ln->n_live];
+    score[0] = 0;
+    return 1;
+}
+
+static void random_describe(const KVPolicy *p, char *buf, size_t len) {
+    snprintf(buf, len, "seed=%llu", (unsigned long long)((const RandomState *)p->state)->seed);
+}
+
+static const KVPolicyOps policy_random = {
+    .name = "random", .summary = "random:N evicts a uniformly drawn token (counter-based, seed=K)",
+    .options = "seed=K (default 1)", .needs_budget = 1, .evicts = 1, .init = random_init, .free = state_free,
+    .victims = random_victims, .describe = random_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * snapkv:N,obs=W,kernel=K,prefill=P: SnapKV (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before
+ * Generation", §4.1, Algorithm 1): the lane grows without eviction through the prompt; right after the attention
+ * of the last prompt token, each lane is compressed once to N tokens: the last W prompt tokens (the observation
+ * window) are kept, and of the others the N-W with the highest score, where a token's score is the attention it
+ * received from the W observation queries (summed; the GQA group aggregated by agg=, one set per kv head instead
+ * of the paper's per-query-head copies), max-pooled over neighbouring positions with kernel K (clusters, §4.1).
+ * Afterwards the lane grows by one slot per token without eviction, up to -c like `full`. The prompt end comes
+ * from kv_set_prompt_len (generate, chat, passkey) or prefill=P (required in ppl mode). Defaults W = 32, K = 7.
+ * Metadata: one f32, the attention summed over the observation queries.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int obs, kernel, prefill; } SnapState;
+typedef struct { float score; int pos, slot; } SnapCand;
+
+static int snap_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    SnapState *st = calloc(1, sizeof *st);
+    if (!st) return perr(err, errlen, "out of memory");
+    p->state = st;
+    long w = 32, k = 7, pf = 0;
+    if (opt_int(sp, "obs", 1, 1 << 20, &w, err, errlen) < 0) return -1;
+    if (opt_int(sp, "kernel", 1, 1 << 10, &k, err, errlen) < 0) return -1;
+    if (opt_int(sp, "prefill", 1, 1 << 30, &pf, err, errlen) < 0) return -1;
+    if (k % 2 == 0) return perr(err, errlen, "bad kernel=%ld in '%s': an odd pooling width (1, 3, 5, 7, ...)", k,
+                                sp->text);
+    st->obs = (int)w; st->kernel = (int)k; st->prefill = (int)pf;
+    char what[48], fix[48];
+    snprintf(what, sizeof what, "obs=%d", st->obs);
+    snprintf(fix, sizeof fix, "obs <= %d", budget - 1);
+    return check_budget(sp, "snapkv", budget, st->obs, what, budget >= 2 ? fix : "", err, errlen);
+}
+
+static void snap_reset(KVPolicy *p) { p->prompt_len = ((SnapState *)p->state)->prefill; }
+
+static void snap_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+    SnapState *st = p->state;
+    int P = p->prompt_len;
+    if (P <= 0 || t >= P || t < P - st->obs) return;
+    float *acc = meta_f32(ln);
+    for (int i = 0; i < ln->n_live; i++) acc[ln->live[i]] += prob[i];
+}
+
+static int snap_cmp(const void *a, const void *b) {
+    const SnapCand *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? -1 : 1;   /* lowest score first ... */
+    return x->pos < y->pos ? -1 : x->pos > y->pos;                    /* ... and among equals the oldest */
+}
+
+static int snap_prune(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    SnapState *st = p->state;
+    int P = p->prompt_len;
+    if (P <= 0 || t != P - 1 || ln->n_live <= p->budget) return 0;
+    int n_cand = candidates_end(ln, t, st->obs), n_keep = p->budget - (ln->n_live - n_cand);
+    SnapCand *c = malloc((size_t)n_cand * sizeof *c);
+    if (!c) { fprintf(stderr, "snapkv: out of memory\n"); abort(); }
+    const float *acc = meta_f32c(ln);
+    int half = st->kernel / 2;
+    for (int i = 0; i < n_cand; i++) {   /* max pooling over the candidates, padded at both ends */
+        float m = -INFINITY;
+        for (int j = i - half; j <= i + half; j++)
+            if (j >= 0 && j < n_cand && acc[ln->live[j]] > m) m = acc[ln->live[j]];
+        c[i] = (SnapCand){m, ln->pos[ln->live[i]], ln->live[i]};
+    }
+    qsort(c, (size_t)n_cand, sizeof *c, snap_cmp);
+    int n = n_cand - n_keep < max ? n_cand - n_keep : max;
+    for (int j = 0; j < n; j++) { victims[j] = c[j].slot; score[j] = c[j].score; }
+    free(c);
+    return n;
+}
+
+static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
+    const SnapState *st = p->state;
+    snprintf(buf, len, "obs=%d kernel=%d prefill=%d", st->obs, st->kernel, st->prefill);
+}
+
+static const KVPolicyOps policy_snapkv = {
+    .name = "snapkv", .summary = "snapkv:N compresses the prompt once to N tokens from its last obs queries (SnapKV)",
+    .options = "obs=W (default 32), kernel=K (default 7), prefill=P (the prompt length; required in ppl)",
+    .needs_budget = 1, .evicts = 0, .grows = 1, .prompt_end = 1, .needs_attention = 1, .init = snap_init,
+    .free = state_free, .reset = snap_reset, .meta_bytes_per_slot = meta_4, .on_attend = snap_on_attend,
+    .prune = snap_prune, .describe = snap_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
  * The registry
  * ------------------------------------------------------------------------------------------------------------- */
 
-static const KVPolicyOps *const registry[] = {&policy_full, &policy_window, &policy_sink};
+static const KVPolicyOps *const registry[] = {&policy_full, &policy_window, &policy_sink, &policy_h2o, &policy_tova,
+                                              &policy_scissorhands, &policy_lru, &policy_random, &policy_snapkv};
 #define N_POLICIES (int)(sizeof registry / sizeof registry[0])
 
 const KVPolicyOps *kv_policy_find(const char *name) {

@@ -1,0 +1,51 @@
+/* test_kv_util.h: helpers shared by tests/test_kv.c and tests/test_policies.c: a tiny attention shape, a seeded
+ * generator, cache creation that fails the test with the message, and set printing. No model is needed: the tests
+ * drive kv_append + kv_attend_cpu directly with synthetic k, v, q.
+ * Dimensions: n_layers, n_heads, n_kv_heads, head_dim. */
+#ifndef KVLAB_TEST_KV_UTIL_H
+#define KVLAB_TEST_KV_UTIL_H
+#include "kv.h"
+#include "tests/check.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* xorshift64*: a seeded stream for test data only */
+static uint64_t trng_state = 88172645463325252ull;
+static inline void trng_seed(uint64_t s) { trng_state = s * 2685821657736338717ull + 1; }
+static inline uint64_t trng_u64(void) {
+    trng_state ^= trng_state >> 12; trng_state ^= trng_state << 25; trng_state ^= trng_state >> 27;
+    return trng_state * 2685821657736338717ull;
+}
+static inline float trng_unif(void) { return (float)((trng_u64() >> 40) * (1.0 / 16777216.0)); }   /* [0, 1) */
+static inline float trng_normal(void) {                                                              /* Box-Muller */
+    double u = (trng_u64() >> 11) * (1.0 / 9007199254740992.0) + 1e-300, v = (trng_u64() >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static inline KVShape tshape(int n_layers, int n_heads, int n_kv_heads, int head_dim, int seq_len) {
+    KVShape s = {n_layers, n_heads, n_kv_heads, head_dim, seq_len, 10000.0f, 0, NULL};
+    return s;
+}
+
+/* Parse + init; on error print FAIL with the message and return -1. */
+static inline int tcache(KVCache *c, const KVShape *s, const char *spec_text) {
+    KVSpec sp;
+    char err[512];
+    if (kv_spec_parse(&sp, spec_text, KV_F32, err, sizeof err) || kv_cache_init(c, s, &sp, err, sizeof err)) {
+        CHECK(0, "create cache '%s': %s", spec_text, err);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void tprint_set(char *buf, size_t len, const int *p, int n) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && o + 12 < len; i++) o += (size_t)snprintf(buf + o, len - o, "%s%d", i ? "," : "", p[i]);
+}
+
+#endif

@@ -395,11 +395,10 @@ KVBytes kv_bytes(const KVCache *c) {
     return b;
 }
 
-static void update_peak(KVCache *c) {
-    size_t live = 0;
-    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
-    for (int i = 0; i < n_lanes; i++) live += lane_bytes(c, &c->lanes[i]).total_live;
-    if (live > c->peak_live_bytes) c->peak_live_bytes = live;
+/* Bytes of one live token: its vectors (typed or f32 region) and its per-slot metadata. */
+static size_t token_bytes(const KVCache *c, int f32_region) {
+    return (f32_region ? f32_vec_pair_bytes(c->shape.head_dim) : c->k_bytes + c->v_bytes)
+           + slot_meta_bytes(c->meta_bytes);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -476,7 +475,9 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
                       + 2 * align16((size_t)R * hd * sizeof(float)) + align16((size_t)B * c->meta_bytes)
                       + align16((size_t)(B - R) * c->k_bytes) + align16((size_t)(B - R) * c->v_bytes);
     c->arena_bytes = per_lane * n_lanes;
-    c->arena = aligned_alloc(16, c->arena_bytes ? c->arena_bytes : 16);
+    /* calloc: large arenas come zeroed from the kernel page by page, so a cache costs memory as it fills; malloc's
+       alignment (max_align_t, 16 bytes on the targets we build for) is what the arrays need */
+    c->arena = calloc(1, c->arena_bytes ? c->arena_bytes : 16);
     c->lanes = calloc((size_t)n_lanes, sizeof(KVLane));
     c->scores = calloc((size_t)shape->n_heads * B, sizeof(float));
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
@@ -485,13 +486,14 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     c->victim_buf = calloc((size_t)B, sizeof(int));
     c->score_buf = calloc((size_t)B, sizeof(double));
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
+    c->rope_t = calloc((size_t)hd, sizeof(float));
+    c->rope_t_pos = -1;
     if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->victim_buf || !c->score_buf
-        || (spec->pos == POS_CACHE && !c->rope_cs)) {
+        || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
         size_t want = c->arena_bytes;
         kv_cache_free(c);
         return errorf(err, errlen, "out of memory for a KV cache of %d slots per lane (%zu bytes)", B, want);
     }
-    memset(c->arena, 0, c->arena_bytes);
     if (c->rope_cs)
         for (int i = 0; i < B; i++) rope_cs(c->rope_cs + (size_t)i * hd, shape, i);
     uint8_t *p = c->arena;
@@ -529,15 +531,21 @@ void kv_cache_reset(KVCache *c) {
     }
     c->policy.prompt_len = 0;
     if (c->policy.ops && c->policy.ops->reset) c->policy.ops->reset(&c->policy);
-    c->peak_live_bytes = 0;
+    c->live_bytes = c->peak_live_bytes = 0;
     c->n_evictions = 0;
 }
 
 void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
-    free(c->rope_cs); free(c->victim_buf); free(c->score_buf);
+    free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->score_buf);
     memset(c, 0, sizeof *c);
+}
+
+/* cos, sin of position t (head_dim/2, 2), computed once per step for every layer, key and query. */
+static const float *rope_at(KVCache *c, int t) {
+    if (c->rope_t_pos != t) { rope_cs(c->rope_t, &c->shape, t); c->rope_t_pos = t; }
+    return c->rope_t;
 }
 
 void kv_set_prompt_len(KVCache *c, int n_tokens) { c->policy.prompt_len = n_tokens > 0 ? n_tokens : 0; }
@@ -558,6 +566,7 @@ static void lane_free(KVCache *c, int l, int g, KVLane *ln, const int *slots, co
         ln->pos[s] = -1;
         if (s < Q) ln->free_q[ln->n_free_q++] = s;
         else ln->free_r[ln->n_free_r++] = s;
+        c->live_bytes -= token_bytes(c, s >= Q);
         c->n_evictions++;
     }
     int w = 0;
@@ -581,6 +590,7 @@ static int lane_take_slot(KVCache *c, KVLane *ln) {
         memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
         ln->live[i] = to;
         ln->free_r[ln->n_free_r++] = from;
+        c->live_bytes = c->live_bytes - token_bytes(c, 1) + token_bytes(c, 0);
     }
     return ln->free_r[--ln->n_free_r];
 }
@@ -602,7 +612,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         /* step 2: store */
         int slot = lane_take_slot(c, ln);
         memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
-        if (c->spec.pos == POS_ORIG) kv_rope(tmp, s, t);
+        if (c->spec.pos == POS_ORIG) rope_apply(tmp, s, rope_at(c, t));
         if (slot < Q) {
             kv_encode(ln->k + (size_t)slot * c->k_bytes, c->spec.ktype, tmp, hd);
             kv_encode(ln->v + (size_t)slot * c->v_bytes, c->spec.vtype, v + (size_t)g * hd, hd);
@@ -612,11 +622,12 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         }
         ln->pos[slot] = t;
         ln->live[ln->n_live++] = slot;
+        c->live_bytes += token_bytes(c, slot >= Q);
+        if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
         if (ln->n_live > ln->peak_live) ln->peak_live = ln->n_live;
         memset(ln->meta + (size_t)slot * c->meta_bytes, 0, c->meta_bytes);
         if (ops->on_insert) ops->on_insert(&c->policy, lane, ln, slot, t);
     }
-    update_peak(c);
     return 0;
 }
 
@@ -637,13 +648,19 @@ static const float *lane_value(const KVCache *c, const KVLane *ln, int i, float 
     return x;
 }
 
+/* Multiply-adds per layer below which attention stays on one thread (as run.c's matmul does below 65536). */
+#define KV_PARALLEL_MIN_WORK 65536
+
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;
     int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv, budget = c->budget;
     float scale = 1.0f / sqrtf((float)hd);
-    /* step 3. Lanes are independent and each is computed by one thread: any thread count gives the same bits. */
-    #pragma omp parallel for schedule(static)
+    /* step 3. Lanes are independent and each is computed by one thread: any thread count gives the same bits. Small
+       layers stay on one thread: waking the team costs more than the work (and much more on a loaded machine). */
+    size_t work = (size_t)c->lanes[l * n_kv].n_live * hd * s->n_heads;
+    const float *cs_t = rope_at(c, t);
+    #pragma omp parallel for schedule(static) if (work >= KV_PARALLEL_MIN_WORK)
     for (int g = 0; g < n_kv; g++) {
         const KVLane *ln = &c->lanes[l * n_kv + g];
         int n = ln->n_live;
@@ -655,7 +672,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             float *sc = c->scores + (size_t)h * budget;
             memcpy(qh, q + (size_t)h * hd, (size_t)hd * sizeof(float));
             if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n - 1) * hd);
-            else kv_rope(qh, s, t);
+            else rope_apply(qh, s, cs_t);
             float mx = -INFINITY;
             for (int i = 0; i < n; i++) {
                 const float *k = keys + (size_t)i * hd;

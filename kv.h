@@ -204,8 +204,11 @@ struct KVCache {
     float *agg, *mean;       /* (n_kv_heads, budget) aggregated over a GQA group */
     float *kbuf;             /* (n_kv_heads, budget, head_dim) dequantized / rotated keys */
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
+    float *rope_t;           /* (head_dim/2, 2) cos, sin of position rope_t_pos, shared by the layers of a step */
+    int rope_t_pos;
     int *victim_buf;         /* (budget) */
     double *score_buf;       /* (budget) */
+    size_t live_bytes;       /* total live bytes now, kept as slots fill, move and free (kv_bytes recounts them) */
     size_t peak_live_bytes;
     KVEvictFn on_evict; void *evict_ctx;
     int n_evictions;         /* tokens evicted, all lanes */

@@ -1,0 +1,502 @@
+/* test_kv.c: the cache itself: storage types (error bounds on random and adversarial vectors, no NaN/inf, exact zeros),
+ * the byte accounting for SmolLM2's shape against a formula computed here, byte budgets, spec errors, and the
+ * attention: policies with room for everything are bit-identical to full, pos=cache is bit-identical to pos=orig
+ * with nothing evicted and equals a dense rank-rotating reference written here with eviction, the residual keeps the
+ * newest tokens exact, and 1 or 2 OpenMP threads give the same bits.
+ * Dimensions: n_layers, n_heads, n_kv_heads, head_dim (hd), T tokens. */
+#include "tests/test_kv_util.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Storage types
+ * ------------------------------------------------------------------------------------------------------------- */
+
+#define F16_ULP_REL 9.765625e-4   /* 2^-10: spacing of f16 relative to the value (rounding up/down: one full ulp) */
+#define F16_SUB 5.9604645e-8      /* 2^-24: spacing of subnormal f16 */
+
+/* Largest error allowed for element j of x (hd) in type ty, from the type's layout (kv.c, Storage types). */
+static double type_bound(KVType ty, const float *x, int hd, int j) {
+    double a = fabs(x[j]);
+    if (ty == KV_F16) return a <= 65504 ? fmax(a * 4.8828125e-4, F16_SUB / 2) : a - 65504;   /* half an ulp: 2^-11 */
+    if (ty == KV_BF16) return fmax(a * 3.90625e-3, 1e-38);                                   /* half an ulp: 2^-8 */
+    int G = 1;
+    while (G < 32 && hd % (2 * G) == 0) G *= 2;   /* gcd(hd, 32) for these even head_dims */
+    int g0 = j / G * G;
+    double amax = 0, mn = x[g0], mx = x[g0];
+    for (int i = g0; i < g0 + G; i++) { amax = fmax(amax, fabs(x[i])); mn = fmin(mn, x[i]); mx = fmax(mx, x[i]); }
+    if (ty == KV_Q8) {
+        double d = amax / 127 * (1 + F16_ULP_REL) + F16_SUB;   /* the scale, rounded up to the next f16 */
+        return d / 2 + a * 1.2e-7 + 1e-45;                      /* + f32 rounding of x/d */
+    }
+    /* q4: minimum rounded down one f16 step at most, scale rounded up */
+    double m = mn - fabs(mn) * F16_ULP_REL - F16_SUB;
+    double d = (mx - m) / 15 * (1 + F16_ULP_REL) + F16_SUB;
+    return d / 2 + (a + fabs(m)) * 1.2e-7 + 1e-45;
+}
+
+static void test_storage_types(void) {
+    const int hds[] = {8, 64, 80};
+    const KVType types[] = {KV_F16, KV_BF16, KV_Q8, KV_Q4};
+    /* kinds: 0 random N(0,1), 1 zeros, 2 all +-1e-30, 3 one outlier 1e4, 4 constant 3.7, 5 mixed scales 1e-3..1e3,
+       6 tiny 1e-6 with one 1e5 */
+    for (int ti = 0; ti < 4; ti++)
+        for (int hi = 0; hi < 3; hi++) {
+            int hd = hds[hi];
+            KVType ty = types[ti];
+            double worst_ratio = 0;
+            int nonfinite = 0, zero_exact = 1, n_checked = 0;
+            float x[80], y[80];
+            uint8_t buf[80 * 4 + 64];
+            for (int kind = 0; kind < 7; kind++)
+                for (int rep = 0; rep < (kind == 0 || kind == 5 ? 50 : 1); rep++) {
+                    trng_seed((uint64_t)(rep * 10 + kind + 1000 * hd));
+                    for (int j = 0; j < hd; j++) {
+                        switch (kind) {
+                        case 0: x[j] = trng_normal(); break;
+                        case 1: x[j] = 0; break;
+                        case 2: x[j] = j % 2 ? 1e-30f : -1e-30f; break;
+                        case 3: x[j] = j == hd / 3 ? 1e4f : trng_normal(); break;
+                        case 4: x[j] = 3.7f; break;
+                        case 5: x[j] = trng_normal() * powf(10.0f, (float)(j % 7) - 3); break;
+                        default: x[j] = j == 1 ? 1e5f : 1e-6f * trng_normal(); break;
+                        }
+                    }
+                    memset(buf, 0xA5, sizeof buf);
+                    size_t nb = kv_vector_bytes(ty, hd);
+                    kv_encode(buf, ty, x, hd);
+                    int sentinel_ok = 1;
+                    for (size_t i = nb; i < sizeof buf; i++) sentinel_ok &= buf[i] == 0xA5;
+                    if (!sentinel_ok) { CHECK(0, "%s hd %d: encode wrote past %zu bytes", kv_type_names[ty], hd, nb); return; }
+                    kv_decode(y, ty, buf, hd);
+                    for (int j = 0; j < hd; j++) {
+                        if (!isfinite(y[j])) { nonfinite++; continue; }
+                        if (kind == 1 && y[j] != 0.0f) zero_exact = 0;
+                        if (ty == KV_F16 && fabsf(x[j]) > 65504) continue;   /* saturates: finite, not bounded */
+                        double err = fabs((double)y[j] - x[j]), tol = type_bound(ty, x, hd, j);
+                        double r = err / tol;
+                        if (!(r <= worst_ratio)) worst_ratio = r != r ? INFINITY : r;
+                        n_checked++;
+                    }
+                }
+            CHECK(nonfinite == 0 && zero_exact && worst_ratio <= 1.0, "%s head_dim %d: %d elements within the type's "
+                  "bound (worst err/bound %.3f), zeros decode to exact zeros, no NaN/inf", kv_type_names[ty], hd,
+                  n_checked, worst_ratio);
+        }
+    /* saturation: values beyond what an f16 scale can express stay finite */
+    float big[64], y[64];
+    uint8_t buf[64 * 4];
+    for (int j = 0; j < 64; j++) big[j] = j % 2 ? 3e38f : -1e9f;
+    int finite = 1;
+    for (int ti = 0; ti < KV_NTYPES; ti++) {
+        kv_encode(buf, (KVType)ti, big, 64);
+        kv_decode(y, (KVType)ti, buf, 64);
+        for (int j = 0; j < 64; j++) finite &= isfinite(y[j]) != 0;
+    }
+    CHECK(finite, "values of 3e38 and -1e9 encode and decode to finite numbers in every type (saturated)");
+    /* the layouts' sizes: Q8_0-like 2 + G bytes per group, Q4_1-like 4 + G/2 (G = gcd(head_dim, 32)) */
+    CHECK(kv_vector_bytes(KV_Q8, 64) == 68 && kv_vector_bytes(KV_Q4, 64) == 40 && kv_vector_bytes(KV_Q8, 80) == 90 &&
+          kv_vector_bytes(KV_Q4, 80) == 60 && kv_vector_bytes(KV_Q8, 8) == 10 && kv_vector_bytes(KV_Q4, 8) == 8 &&
+          kv_vector_bytes(KV_F16, 80) == 160, "vector bytes: q8 68/90/10, q4 40/60/8 for head_dim 64/80/8");
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Accounting: SmolLM2-135M's attention shape (30 layers, 3 kv heads, head_dim 64), 4096 tokens
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static void test_accounting(void) {
+    KVShape s = tshape(30, 9, 3, 64, 4096);
+    /* bytes of one key or value vector, written out from the layouts: G = 32, two groups */
+    const size_t vec[KV_NTYPES] = {64 * 4, 64 * 2, 64 * 2, 2 * (2 + 32), 2 * (4 + 32 / 2)};
+    const double per_elem[KV_NTYPES] = {4, 2, 2, 1, 0.5};
+    struct { const char *policy; size_t meta; } pols[] = {
+        {"full", 0}, {"window:4096", 0}, {"h2o:4096", 4}, {"scissorhands:4096", 1024 / 8}, {"lru:4096", 4}};
+    for (int ty = 0; ty < KV_NTYPES; ty++)
+        for (int pi = 0; pi < 5; pi++)
+            for (int res = 0; res < 2; res++) {
+                char spec[96];
+                int R = res ? 64 : 0;
+                snprintf(spec, sizeof spec, "%s,type=%s%s", pols[pi].policy, kv_type_names[ty], res ? ",residual=64" : "");
+                KVCache c;
+                if (tcache(&c, &s, spec)) continue;
+                int R_eff = ty == KV_F32 ? 0 : R;   /* an f32 cache has nothing to keep apart */
+                size_t lanes = 30 * 3, T = 4096;
+                size_t per_slot_meta = 4 /* position */ + 4 /* live list */ + 4 /* free list */ + pols[pi].meta;
+                size_t want_vec = lanes * ((T - R_eff) * 2 * vec[ty] + R_eff * 2 * 64 * 4);
+                size_t want_meta = lanes * T * per_slot_meta;
+                size_t want_formula = (size_t)(2.0 * 30 * 3 * 64 * 4096 * per_elem[ty]);
+                KVBytes b0 = kv_bytes(&c);
+                CHECK(b0.vec_alloc == want_vec && b0.meta_alloc == want_meta && b0.total_alloc == want_vec + want_meta
+                      && b0.total_live == 0 && b0.formula_alloc == want_formula &&
+                      kv_alloc_bytes_for(&s, &c.spec, c.policy.ops, c.policy.budget) == b0.total_alloc &&
+                      kv_lane_bytes(&c, 7, 2).total_alloc * lanes == b0.total_alloc,
+                      "SmolLM2 shape, 4096 tokens, '%s': %zu B = vectors %zu + positions/lists/metadata %zu (formula "
+                      "2*L*kvh*hd*T*bytes %zu)", spec, b0.total_alloc, b0.vec_alloc, b0.meta_alloc, b0.formula_alloc);
+                /* fill every slot of a few caches: 4096 tokens through every layer (storage only, no attention) */
+                if (pi == 0 && (ty == KV_F32 || ty == KV_Q4)) {
+                    float k[3 * 64], v[3 * 64];
+                    for (int j = 0; j < 3 * 64; j++) { k[j] = 0.01f * (float)(j % 17); v[j] = 0.02f * (float)(j % 13); }
+                    int fill_ok = 1;
+                    for (int t = 0; t < 4096 && fill_ok; t++)
+                        for (int l = 0; l < 30; l++) fill_ok &= kv_append(&c, l, t, k, v) == 0;
+                    KVBytes b = kv_bytes(&c), lb = kv_lane_bytes(&c, 7, 2);
+                    CHECK(fill_ok && b.total_live == b0.total_alloc && b.peak_live == b0.total_alloc &&
+                          c.live_bytes == b.total_live && lb.peak_live == lb.total_alloc, "'%s' filled with 4096 "
+                          "tokens: live = peak = allocated = %zu B", spec, b.total_live);
+                }
+                kv_cache_free(&c);
+            }
+    /* live bytes while filling, with a residual: the newest tokens sit in f32, older ones in q4 */
+    KVCache c;
+    if (!tcache(&c, &s, "window:100,type=q4,residual=16")) {
+        float k[3 * 64] = {0}, v[3 * 64] = {0};
+        for (int t = 0; t < 10; t++) for (int l = 0; l < 30; l++) kv_append(&c, l, t, k, v);
+        KVBytes b10 = kv_bytes(&c);
+        for (int t = 10; t < 40; t++) for (int l = 0; l < 30; l++) kv_append(&c, l, t, k, v);
+        KVBytes b40 = kv_bytes(&c);
+        size_t lanes = 90, meta = 12;
+        CHECK(b10.vec_live == lanes * 10 * 512 && b10.meta_live == lanes * 10 * meta &&
+              b40.vec_live == lanes * (16 * 512 + 24 * 80) && b40.meta_live == lanes * 40 * meta,
+              "window:100,type=q4,residual=16: live bytes count 10 f32 tokens at t=9, 16 f32 + 24 q4 at t=39");
+        kv_cache_free(&c);
+    }
+}
+
+static void test_byte_budgets(void) {
+    KVShape s = tshape(30, 9, 3, 64, 8192);
+    const char *specs[] = {"window:1MiB,type=q8", "h2o:512KiB", "sink:64MiB,type=q4,residual=32", "full:2MiB,type=f16",
+                           "scissorhands:3MiB,ktype=q8,vtype=q4"};
+    const size_t bytes[] = {1 << 20, 512 << 10, 64 << 20, 2 << 20, 3 << 20};
+    for (int i = 0; i < 5; i++) {
+        KVCache c;
+        if (tcache(&c, &s, specs[i])) continue;
+        size_t at = kv_alloc_bytes_for(&s, &c.spec, c.policy.ops, c.budget);
+        size_t above = kv_alloc_bytes_for(&s, &c.spec, c.policy.ops, c.budget + 1);
+        CHECK(at == kv_bytes(&c).total_alloc && at <= bytes[i] && above > bytes[i], "'%s' resolves to %d tokens per "
+              "lane: %zu B allocated <= %zu B < %zu B for one token more", specs[i], c.budget, at, bytes[i], above);
+        kv_cache_free(&c);
+    }
+    KVSpec sp;
+    KVCache c;
+    char err[512];
+    int rc = kv_spec_parse(&sp, "window:1KiB", KV_F32, err, sizeof err) || kv_cache_init(&c, &s, &sp, err, sizeof err);
+    CHECK(rc && strstr(err, "smaller than one slot"), "window:1KiB for 90 lanes is an error: %s", err);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Spec errors: each names the bad part and lists the valid choices
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static void test_bad_specs(void) {
+    KVShape s = tshape(2, 4, 2, 8, 256);
+    struct { const char *spec, *names, *lists; } cases[] = {
+        {"window", "'window' needs a budget", "window:1024"},
+        {"window:0", "budget 0", "tokens per lane"},
+        {"h2o:64,recent=80", "recent=80", "recent <= 63"},
+        {"h2o:64,recent=64", "recent=64", "recent <= 63"},
+        {"sink:4,sinks=4", "sinks=4", "sinks <= 2"},
+        {"sink:abc", "'abc'", "tokens per lane (1024) or bytes"},
+        {"nosuch:5", "'nosuch'", "full, window, sink, h2o, tova, scissorhands, lru, random, snapkv"},
+        {"window:8,type=q3", "type=q3", "f32, f16, bf16, q8, q4"},
+        {"window:8,ktype=q3", "ktype=q3", "f32, f16, bf16, q8, q4"},
+        {"window:8,pos=middle", "pos=middle", "orig, cache"},
+        {"window:8,agg=median", "agg=median", "mean, max"},
+        {"window:8,foo=1", "'foo'", "type, ktype, vtype, residual, pos, agg"},
+        {"h2o:64,recnet=8", "'recnet'", "recent=R"},
+        {"tova:8,per=head", "per=head", "lane, layer"},
+        {"scissorhands:8,drop=9", "drop=9", "drop <= 7"},
+        {"scissorhands:8,history=0", "history=0", "[1, "},
+        {"lru:8,thresh=-1", "thresh=-1", "(0, 1e6]"},
+        {"random:8,seed=x", "seed=x", "integer"},
+        {"snapkv:32", "obs=32", "obs <= 31"},
+        {"snapkv:64,kernel=4", "kernel=4", "odd"},
+        {"snapkv:1MiB", "snapkv", "in tokens"},
+        {"tova:1", "budget of 1", "budget >= 2"},
+        {"window:8,residual=9", "residual=9", "budget of 8"},
+        {"window:8,type=q8,ktype=f16", "ktype", "type= or ktype=/vtype="},
+        {"window:8,pos=orig,pos=cache", "'pos' given twice", "pos"},
+        {"window:8,bare", "'bare'", "key=value"},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < n; i++) {
+        KVSpec sp;
+        KVCache c;
+        char err[512] = "";
+        int rc = kv_spec_parse(&sp, cases[i].spec, KV_F32, err, sizeof err);
+        if (!rc) {
+            rc = kv_cache_init(&c, &s, &sp, err, sizeof err);
+            if (!rc) kv_cache_free(&c);
+        }
+        CHECK(rc && strstr(err, cases[i].names) && strstr(err, cases[i].lists), "bad spec '%s': %s", cases[i].spec, err);
+    }
+    /* snapkv in ppl mode needs prefill=, not in generate; with prefill= it is fine */
+    KVSpec sp;
+    char err[512] = "";
+    kv_spec_parse(&sp, "snapkv:64", KV_F32, err, sizeof err);
+    int rc_ppl = kv_spec_check_mode(&sp, "ppl", err, sizeof err);
+    CHECK(rc_ppl && strstr(err, "prefill=") && strstr(err, "snapkv:64"), "snapkv:64 in ppl mode: %s", err);
+    CHECK(kv_spec_check_mode(&sp, "generate", err, sizeof err) == 0, "snapkv:64 in generate mode is accepted");
+    kv_spec_parse(&sp, "snapkv:64,prefill=512", KV_F32, err, sizeof err);
+    CHECK(kv_spec_check_mode(&sp, "ppl", err, sizeof err) == 0, "snapkv:64,prefill=512 in ppl mode is accepted");
+    /* valid specs of every policy */
+    const char *good[] = {"full", "full,ktype=q8,vtype=f16", "window:1", "sink:6,sinks=2,pos=cache", "sink:1024",
+                          "h2o:64,recent=63", "h2o:2", "tova:2,per=layer,agg=max", "scissorhands:16,recent=4,history=8,drop=12",
+                          "lru:4,thresh=0.5", "random:2,seed=7", "snapkv:33", "window:2048,type=q8,residual=64",
+                          "h2o:1MiB,type=q4"};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        KVCache c;
+        KVSpec g;
+        if (kv_spec_parse(&g, good[i], KV_F32, err, sizeof err) || kv_cache_init(&c, &s, &g, err, sizeof err)) {
+            printf("  '%s': %s\n", good[i], err);
+            ok = 0;
+        } else kv_cache_free(&c);
+    }
+    CHECK(ok, "%zu valid specs of every policy are accepted", sizeof good / sizeof good[0]);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------------------------- */
+
+#define AL 2
+#define ANH 6
+#define ANKV 2
+#define AHD 16
+#define AT 40
+
+static float AK[AT][AL][ANKV * AHD], AV[AT][AL][ANKV * AHD], AQ[AT][AL][ANH * AHD];
+
+static void make_stream(uint64_t seed) {
+    trng_seed(seed);
+    for (int t = 0; t < AT; t++)
+        for (int l = 0; l < AL; l++) {
+            for (int j = 0; j < ANKV * AHD; j++) { AK[t][l][j] = trng_normal(); AV[t][l][j] = trng_normal(); }
+            for (int j = 0; j < ANH * AHD; j++) AQ[t][l][j] = 0.7f * trng_normal();
+        }
+}
+
+/* Runs the stream; outputs (AT, AL, ANH * AHD) and, when pos is not NULL, each lane's positions after the last step. */
+static int run_attention(const char *spec, float *outs, int prompt_len) {
+    KVShape s = tshape(AL, ANH, ANKV, AHD, 64);
+    KVCache c;
+    if (tcache(&c, &s, spec)) return -1;
+    if (prompt_len) kv_set_prompt_len(&c, prompt_len);
+    for (int t = 0; t < AT; t++)
+        for (int l = 0; l < AL; l++) {
+            if (kv_append(&c, l, t, AK[t][l], AV[t][l])) { kv_cache_free(&c); return -1; }
+            kv_attend_cpu(&c, outs + ((size_t)t * AL + l) * ANH * AHD, l, t, AQ[t][l]);
+        }
+    int ev = c.n_evictions;
+    kv_cache_free(&c);
+    return ev;
+}
+
+static float out_a[AT * AL * ANH * AHD], out_b[AT * AL * ANH * AHD];
+
+static void test_room_for_all_is_full(void) {
+    make_stream(11);
+    if (run_attention("full", out_a, 0) < 0) return;
+    const char *specs[] = {"window:40", "sink:40,sinks=4", "h2o:40", "h2o:64,recent=2", "tova:40", "tova:40,per=layer",
+                           "scissorhands:41,drop=3", "lru:40", "random:40", "snapkv:40", "snapkv:48,obs=8",
+                           "full,residual=8", "window:40,pos=orig,agg=max"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        int ev = run_attention(specs[i], out_b, strncmp(specs[i], "snapkv", 6) ? 0 : 30);
+        CHECK(ev == 0 && !memcmp(out_a, out_b, sizeof out_a), "'%s' with room for all %d tokens: outputs bit-identical "
+              "to full (f32), %d evictions", specs[i], AT, ev);
+    }
+    /* and for a quantized type, against full of the same type */
+    run_attention("full,type=q8", out_a, 0);
+    int ev = run_attention("h2o:40,type=q8", out_b, 0);
+    CHECK(ev == 0 && !memcmp(out_a, out_b, sizeof out_a), "h2o:40,type=q8 with room for all: bit-identical to full,type=q8");
+}
+
+static void test_pos_cache_no_eviction(void) {
+    make_stream(12);
+    run_attention("window:64", out_a, 0);
+    int ev = run_attention("window:64,pos=cache", out_b, 0);
+    CHECK(ev == 0 && !memcmp(out_a, out_b, sizeof out_a), "nothing evicted: pos=cache outputs bit-identical to pos=orig "
+          "(f32, %d tokens)", AT);
+    /* rope_pairing=1 (halves) and rope factors take the same path */
+    KVShape s = tshape(AL, ANH, ANKV, AHD, 64);
+    float fac[AHD / 2];
+    for (int i = 0; i < AHD / 2; i++) fac[i] = 1.0f + i;
+    s.rope_pairing = 1;
+    s.rope_factors = fac;
+    float *outs[2] = {out_a, out_b};
+    const char *sp[2] = {"full", "full,pos=cache"};
+    for (int m = 0; m < 2; m++) {
+        KVCache c;
+        if (tcache(&c, &s, sp[m])) return;
+        for (int t = 0; t < AT; t++)
+            for (int l = 0; l < AL; l++) {
+                kv_append(&c, l, t, AK[t][l], AV[t][l]);
+                kv_attend_cpu(&c, outs[m] + ((size_t)t * AL + l) * ANH * AHD, l, t, AQ[t][l]);
+            }
+        kv_cache_free(&c);
+    }
+    CHECK(!memcmp(out_a, out_b, sizeof out_a), "nothing evicted, halves pairing + rope factors: pos=cache bit-identical "
+          "to pos=orig");
+}
+
+/* The test's own RoPE, in double: pairs (2i, 2i+1), theta 10000. */
+static void ref_rope(double *x, int hd, int pos) {
+    for (int i = 0; i < hd / 2; i++) {
+        double a = pos * pow(10000.0, -2.0 * i / hd), c = cos(a), s = sin(a), x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = x0 * c - x1 * s;
+        x[2 * i + 1] = x0 * s + x1 * c;
+    }
+}
+
+/* With eviction, pos=cache equals a dense reference over the kept positions, keys rotated by their rank and the query
+ * by n-1; pos=orig equals the same reference with true positions. */
+static void test_pos_cache_reference(void) {
+    make_stream(13);
+    const char *specs[] = {"sink:6,sinks=2,pos=cache", "window:5,pos=cache", "h2o:7,pos=cache", "sink:6,sinks=2",
+                           "tova:5,pos=cache,residual=2"};
+    for (int si = 0; si < 5; si++) {
+        KVShape s = tshape(AL, ANH, ANKV, AHD, 64);
+        KVCache c;
+        if (tcache(&c, &s, specs[si])) continue;
+        int by_rank = c.spec.pos == POS_CACHE, pos[64];
+        double max_err = 0;
+        float out[ANH * AHD];
+        for (int t = 0; t < AT; t++)
+            for (int l = 0; l < AL; l++) {
+                kv_append(&c, l, t, AK[t][l], AV[t][l]);
+                kv_attend_cpu(&c, out, l, t, AQ[t][l]);
+                for (int h = 0; h < ANH; h++) {
+                    int g = h / (ANH / ANKV), n = kv_lane_positions(&c, l, g, pos, 64);
+                    double q[AHD], sc[64], mx = -1e300, sum = 0, o[AHD] = {0};
+                    for (int j = 0; j < AHD; j++) q[j] = AQ[t][l][h * AHD + j];
+                    ref_rope(q, AHD, by_rank ? n - 1 : t);
+                    for (int i = 0; i < n; i++) {
+                        double k[AHD], d = 0;
+                        for (int j = 0; j < AHD; j++) k[j] = AK[pos[i]][l][g * AHD + j];
+                        ref_rope(k, AHD, by_rank ? i : pos[i]);
+                        for (int j = 0; j < AHD; j++) d += q[j] * k[j];
+                        sc[i] = d / sqrt((double)AHD);
+                        if (sc[i] > mx) mx = sc[i];
+                    }
+                    for (int i = 0; i < n; i++) { sc[i] = exp(sc[i] - mx); sum += sc[i]; }
+                    for (int i = 0; i < n; i++)
+                        for (int j = 0; j < AHD; j++) o[j] += sc[i] / sum * AV[pos[i]][l][g * AHD + j];
+                    for (int j = 0; j < AHD; j++) {
+                        double e = fabs(o[j] - out[h * AHD + j]);
+                        if (!(e <= max_err)) max_err = e != e ? INFINITY : e;
+                    }
+                }
+            }
+        int ev = c.n_evictions;
+        kv_cache_free(&c);
+        /* f32 RoPE (cos/sin rounded to f32) and 16-term f32 dot products of N(0,1) data, scores up to ~5, |v| <= ~4:
+           measured 1.2e-6; 64 f32 ulps of 4 = 3.1e-5 */
+        CHECK_LE(max_err, 64 * 4 * 1.2e-7, "'%s' (%d evictions): every output equals a dense f64 reference rotating "
+                 "the kept pre-RoPE keys by %s (max err %.3g)", specs[si], ev, by_rank ? "rank" : "position", max_err);
+    }
+}
+
+/* residual=R: the newest R tokens are exact f32 (outputs of a 1-token-window-free check: with q4 and residual equal to
+ * the budget, nothing is ever quantized, so outputs equal f32) and older ones are quantized. */
+static void test_residual(void) {
+    make_stream(14);
+    run_attention("window:8", out_a, 0);
+    int ev = run_attention("window:8,type=q4,residual=8", out_b, 0);
+    CHECK(ev > 0 && !memcmp(out_a, out_b, sizeof out_a), "window:8,type=q4,residual=8: all 8 tokens stay f32, outputs "
+          "bit-identical to f32");
+    /* residual < budget: keys older than R decode from q4 exactly as kv_decode(kv_encode(k)) */
+    KVShape s = tshape(1, 2, 1, AHD, 64);
+    KVCache c;
+    if (tcache(&c, &s, "window:10,type=q4,residual=3")) return;
+    for (int t = 0; t < 20; t++) kv_append(&c, 0, t, AK[t][0], AV[t][0]);
+    const KVLane *ln = &c.lanes[0];
+    int ok = ln->n_live == 10 && ln->n_free_r == 0, Q = c.budget - c.residual;
+    for (int i = 0; i < ln->n_live && ok; i++) {
+        int slot = ln->live[i], p = ln->pos[slot];
+        float want[AHD], got[AHD];
+        uint8_t enc[AHD * 4];
+        memcpy(want, AK[p][0], sizeof want);
+        kv_rope(want, &s, p);
+        if (p >= 17) ok &= slot >= Q && !memcmp(ln->kres + (size_t)(slot - Q) * AHD, want, sizeof want);
+        else {
+            kv_encode(enc, KV_Q4, want, AHD);
+            kv_decode(want, KV_Q4, enc, AHD);
+            kv_decode(got, KV_Q4, ln->k + (size_t)slot * c.k_bytes, AHD);
+            ok &= slot < Q && !memcmp(got, want, sizeof want);
+        }
+    }
+    CHECK(ok, "window:10,type=q4,residual=3 at t=19: positions 17..19 in f32 slots, 10..16 in q4 slots, each key "
+          "stored once");
+    kv_cache_free(&c);
+}
+
+static void test_reset_and_full_stop(void) {
+    make_stream(15);
+    KVShape s = tshape(AL, ANH, ANKV, AHD, 16);
+    KVCache c;
+    if (tcache(&c, &s, "full")) return;
+    int rc = 0, t = 0;
+    for (; t < 17 && !rc; t++) rc = kv_append(&c, 0, t, AK[t][0], AV[t][0]);
+    CHECK(rc == -1 && t == 17, "full with -c 16: the 17th token cannot be stored (kv_append returns -1)");
+    kv_cache_reset(&c);
+    KVBytes b = kv_bytes(&c);
+    CHECK(c.lanes[0].n_live == 0 && b.total_live == 0 && kv_append(&c, 0, 0, AK[0][0], AV[0][0]) == 0,
+          "after kv_cache_reset every lane is empty and accepts position 0 again");
+    kv_cache_free(&c);
+    /* kv_describe shows the resolved defaults */
+    if (tcache(&c, &s, "h2o:10")) return;
+    char d[256];
+    kv_describe(&c, d, sizeof d);
+    CHECK(strstr(d, "recent=5") && strstr(d, "budget 10"), "kv_describe: %s", d);
+    kv_cache_free(&c);
+}
+
+/* 1 and 2 threads: a shape big enough that kv_attend_cpu really runs its lanes in parallel (4 kv heads, head_dim 64,
+ * 8 query heads, 200 slots: 100k multiply-adds per layer, above kv.c's threshold of 65536). */
+static void test_threads(void) {
+#ifdef _OPENMP
+    enum { TL = 1, TNH = 8, TNKV = 4, THD = 64, TT = 216 };
+    KVShape s = tshape(TL, TNH, TNKV, THD, 512);
+    const char *specs[] = {"h2o:200,type=q8,residual=8,pos=cache", "tova:200,per=layer", "scissorhands:200,drop=4,type=q4",
+                           "random:200"};
+    static float k[TNKV * THD], v[TNKV * THD], q[TNH * THD], outs[2][TT][TL][TNH * THD];
+    for (int i = 0; i < 4; i++) {
+        int ev[2] = {0, 0};
+        for (int run = 0; run < 2; run++) {
+            omp_set_num_threads(run + 1);
+            KVCache c;
+            if (tcache(&c, &s, specs[i])) return;
+            trng_seed(17);
+            for (int t = 0; t < TT; t++)
+                for (int l = 0; l < TL; l++) {
+                    for (int j = 0; j < TNKV * THD; j++) { k[j] = trng_normal(); v[j] = trng_normal(); }
+                    for (int j = 0; j < TNH * THD; j++) q[j] = 0.3f * trng_normal();
+                    kv_append(&c, l, t, k, v);
+                    kv_attend_cpu(&c, outs[run][t][l], l, t, q);
+                }
+            ev[run] = c.n_evictions;
+            kv_cache_free(&c);
+        }
+        CHECK(ev[0] > 0 && ev[0] == ev[1] && !memcmp(outs[0], outs[1], sizeof outs[0]), "'%s': 1 and 2 OpenMP threads "
+              "give bit-identical outputs at every step (%d evictions each)", specs[i], ev[0]);
+    }
+    omp_set_num_threads(1);
+#else
+    SKIP("threads: built without OpenMP");
+#endif
+}
+
+int main(void) {
+    test_storage_types();
+    test_accounting();
+    test_byte_budgets();
+    test_bad_specs();
+    test_room_for_all_is_full();
+    test_pos_cache_no_eviction();
+    test_pos_cache_reference();
+    test_residual();
+    test_reset_and_full_stop();
+    test_threads();
+    CHECK_EXIT();
+}

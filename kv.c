@@ -521,7 +521,6 @@ void kv_cache_reset(KVCache *c) {
     for (int i = 0; i < n_lanes; i++) {
         KVLane *ln = &c->lanes[i];
         ln->n_live = 0;
-        ln->peak_live = 0;
         ln->n_free_q = B - R;
         ln->n_free_r = R;
         for (int s = 0; s < B; s++) ln->pos[s] = -1;
@@ -531,8 +530,7 @@ void kv_cache_reset(KVCache *c) {
     }
     c->policy.prompt_len = 0;
     if (c->policy.ops && c->policy.ops->reset) c->policy.ops->reset(&c->policy);
-    c->live_bytes = c->peak_live_bytes = 0;
-    c->n_evictions = 0;
+    c->live_bytes = 0;
 }
 
 void kv_cache_free(KVCache *c) {
@@ -562,7 +560,7 @@ static void lane_free(KVCache *c, int l, int g, KVLane *ln, const int *slots, co
                     c->spec.name, s, l, g);
             abort();
         }
-        if (c->on_evict) c->on_evict(c->evict_ctx, t, l, g, ln->pos[s], score[j], c->spec.name);
+        if (c->on_evict) c->on_evict(c->evict_ctx, t, l, g, ln->pos[s], score[j], c->policy.ops->reason);
         ln->pos[s] = -1;
         if (s < Q) ln->free_q[ln->n_free_q++] = s;
         else ln->free_r[ln->n_free_r++] = s;

@@ -45,7 +45,11 @@
  * Positions (pos=): orig: keys are rotated with their true position when stored and the query with t.
  * cache (StreamingLLM, Xiao et al. 2023, §3.2): keys are stored before RoPE; at attention time the lane's n live
  * keys, in position order, are rotated by their rank 0..n-1 and the query by n-1. With nothing evicted the two give
- * the same bits.
+ * the same bits for f32 keys (a quantized key is rounded before rotation under pos=cache and after under pos=orig,
+ * so there the two differ by the rounding).
+ *
+ * Aggregation (agg=): the ranking policies (h2o, tova, snapkv) score with the group's mean or max probability;
+ * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (DESIGN.md), so agg= does not change them.
  *
  * Memory (kv_bytes): vectors (scales and minimums included), positions (int32), the live and free index lists (int
  * each) and policy metadata, per slot; allocated = every slot of every lane, live = the slots in use. Attention
@@ -124,6 +128,7 @@ typedef struct {
     const char *name;
     const char *summary;       /* one line for -h */
     const char *options;       /* its own keys, for error messages ("sinks=S"), or "" */
+    const char *reason;        /* why it evicts, for the -kvlog "reason" field ("lowest accumulated attention") */
     int needs_budget;          /* 1: NAME:BUDGET is required */
     int evicts;                /* 1: the lane stays within its budget by evicting; 0: it stops at -c (full, snapkv) */
     int grows;                 /* 1: lanes have room for -c tokens whatever the budget (snapkv grows after its
@@ -211,7 +216,7 @@ struct KVCache {
     size_t live_bytes;       /* total live bytes now, kept as slots fill, move and free (kv_bytes recounts them) */
     size_t peak_live_bytes;
     KVEvictFn on_evict; void *evict_ctx;
-    int n_evictions;         /* tokens evicted, all lanes */
+    int n_evictions;         /* tokens evicted, all lanes, since init */
 };
 
 /* Create a cache for a model shape from a parsed spec (the policy's own keys are checked here). Budget: spec->budget
@@ -220,7 +225,8 @@ struct KVCache {
  * small). */
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen);
 void kv_cache_free(KVCache *c);
-/* Forget every token (between documents): all lanes empty, policy state reset, the prompt length back to prefill=. */
+/* Forget every token (between documents): all lanes empty, policy state reset, the prompt length back to prefill=.
+ * Peaks (KVLane.peak_live, kv_bytes().peak_live) and n_evictions are kept: they count since kv_cache_init. */
 void kv_cache_reset(KVCache *c);
 /* Tell a prompt-end policy (snapkv) that positions 0..n_tokens-1 are the prompt. Call it before feeding position 0
  * (generate, chat, passkey); the compression then happens right after the attention of position n_tokens-1, from

@@ -89,8 +89,8 @@ static int argmin_f32(const KVLane *ln, int i0, int i1) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps policy_full = {
-    .name = "full", .summary = "never evict; budget = the context (-c)", .options = "", .needs_budget = 0,
-    .evicts = 0,
+    .name = "full", .summary = "never evict; budget = the context (-c)", .options = "", .reason = "none",
+    .needs_budget = 0, .evicts = 0,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -105,8 +105,8 @@ static int window_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *v
 }
 
 static const KVPolicyOps policy_window = {
-    .name = "window", .summary = "window:W keeps the W most recent tokens", .options = "", .needs_budget = 1,
-    .evicts = 1, .victims = window_victims,
+    .name = "window", .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
+    .needs_budget = 1, .evicts = 1, .victims = window_victims,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -143,8 +143,8 @@ static void sink_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_sink = {
     .name = "sink", .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
-    .options = "sinks=S (default 4)", .needs_budget = 1, .evicts = 1, .init = sink_init, .free = state_free,
-    .victims = sink_victims, .describe = sink_describe,
+    .options = "sinks=S (default 4)", .reason = "oldest after the sinks", .needs_budget = 1, .evicts = 1,
+    .init = sink_init, .free = state_free, .victims = sink_victims, .describe = sink_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -189,9 +189,9 @@ static void recent_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_h2o = {
     .name = "h2o", .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
-    .options = "recent=R (default N/2)", .needs_budget = 1, .evicts = 1, .needs_attention = 1, .init = h2o_init,
-    .free = state_free, .meta_bytes_per_slot = meta_4, .on_attend = h2o_on_attend, .victims = h2o_victims,
-    .describe = recent_describe,
+    .options = "recent=R (default N/2)", .reason = "lowest accumulated attention outside recent", .needs_budget = 1,
+    .evicts = 1, .needs_attention = 1, .init = h2o_init, .free = state_free, .meta_bytes_per_slot = meta_4,
+    .on_attend = h2o_on_attend, .victims = h2o_victims, .describe = recent_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -268,9 +268,10 @@ static void tova_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_tova = {
     .name = "tova", .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
-    .options = "per=lane|layer (default lane)", .needs_budget = 1, .evicts = 1, .needs_attention = 1,
-    .init = tova_init, .free = tova_free, .meta_bytes_per_slot = meta_4, .on_attend = tova_on_attend,
-    .on_layer_done = tova_on_layer_done, .victims = tova_victims, .describe = tova_describe,
+    .options = "per=lane|layer (default lane)", .reason = "lowest attention at the last step", .needs_budget = 1,
+    .evicts = 1, .needs_attention = 1, .init = tova_init, .free = tova_free, .meta_bytes_per_slot = meta_4,
+    .on_attend = tova_on_attend, .on_layer_done = tova_on_layer_done, .victims = tova_victims,
+    .describe = tova_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -373,7 +374,8 @@ static void scissors_describe(const KVPolicy *p, char *buf, size_t len) {
 static const KVPolicyOps policy_scissorhands = {
     .name = "scissorhands",
     .summary = "scissorhands:N frees the tokens most often below 1/n attention over the last H steps (Scissorhands)",
-    .options = "recent=R, history=H (default N/4 each), drop=M (default 1)", .needs_budget = 1, .evicts = 1,
+    .options = "recent=R, history=H (default N/4 each), drop=M (default 1)",
+    .reason = "most often below 1/n attention over the history", .needs_budget = 1, .evicts = 1,
     .needs_attention = 1, .init = scissors_init, .free = state_free, .meta_bytes_per_slot = scissors_meta_bytes,
     .on_attend = scissors_on_attend, .victims = scissors_victims, .describe = scissors_describe,
 };
@@ -436,9 +438,9 @@ static void lru_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_lru = {
     .name = "lru", .summary = "lru:N evicts the token whose attention last reached thresh/(live slots) longest ago",
-    .options = "thresh=T (default 1)", .needs_budget = 1, .evicts = 1, .needs_attention = 1, .init = lru_init,
-    .free = state_free, .meta_bytes_per_slot = meta_4, .on_insert = lru_on_insert, .on_attend = lru_on_attend,
-    .victims = lru_victims, .describe = lru_describe,
+    .options = "thresh=T (default 1)", .reason = "least recently used", .needs_budget = 1, .evicts = 1,
+    .needs_attention = 1, .init = lru_init, .free = state_free, .meta_bytes_per_slot = meta_4,
+    .on_insert = lru_on_insert, .on_attend = lru_on_attend, .victims = lru_victims, .describe = lru_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -488,8 +490,8 @@ static void random_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_random = {
     .name = "random", .summary = "random:N evicts a uniformly drawn token (counter-based, seed=K)",
-    .options = "seed=K (default 1)", .needs_budget = 1, .evicts = 1, .init = random_init, .free = state_free,
-    .victims = random_victims, .describe = random_describe,
+    .options = "seed=K (default 1)", .reason = "random draw", .needs_budget = 1, .evicts = 1, .init = random_init,
+    .free = state_free, .victims = random_victims, .describe = random_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -570,9 +572,10 @@ static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
 static const KVPolicyOps policy_snapkv = {
     .name = "snapkv", .summary = "snapkv:N compresses the prompt once to N tokens from its last obs queries (SnapKV)",
     .options = "obs=W (default 32), kernel=K (default 7), prefill=P (the prompt length; required in ppl)",
-    .needs_budget = 1, .evicts = 0, .grows = 1, .prompt_end = 1, .needs_attention = 1, .init = snap_init,
-    .free = state_free, .reset = snap_reset, .meta_bytes_per_slot = meta_4, .on_attend = snap_on_attend,
-    .prune = snap_prune, .describe = snap_describe,
+    .reason = "prompt compression: lowest pooled attention of the observation window", .needs_budget = 1,
+    .evicts = 0, .grows = 1, .prompt_end = 1, .needs_attention = 1, .init = snap_init, .free = state_free,
+    .reset = snap_reset, .meta_bytes_per_slot = meta_4, .on_attend = snap_on_attend, .prune = snap_prune,
+    .describe = snap_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -230,7 +230,8 @@ void kv_cache_free(KVCache *c);
 void kv_cache_reset(KVCache *c);
 /* Tell a prompt-end policy (snapkv) that positions 0..n_tokens-1 are the prompt. Call it before feeding position 0
  * (generate, chat, passkey); the compression then happens right after the attention of position n_tokens-1, from
- * the attention of the last obs prompt queries, which the policy gathers as they pass. Other policies ignore it. */
+ * the attention of the last obs prompt queries, which the policy gathers as they pass. It compresses once per
+ * document: a later call (a second chat turn) is ignored until kv_cache_reset. Other policies ignore it. */
 void kv_set_prompt_len(KVCache *c, int n_tokens);
 
 /* Steps 1 and 2 for every lane of layer l: evict if full, then store the token at position t.

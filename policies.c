@@ -506,7 +506,18 @@ static const KVPolicyOps policy_random = {
  * Metadata: one f32, the attention summed over the observation queries.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct { int obs, kernel, prefill; } SnapState;
+typedef struct {
+    int obs, kernel, prefill;
+    int prompt;   /* the prompt length this document compresses at: the first one seen, so a later prompt (a second
+                     chat turn) never compresses again (DESIGN.md: once) */
+} SnapState;
+
+/* The prompt length to act on, or 0. */
+static int snap_prompt(KVPolicy *p) {
+    SnapState *st = p->state;
+    if (!st->prompt && p->prompt_len > 0) st->prompt = p->prompt_len;
+    return st->prompt == p->prompt_len ? st->prompt : 0;
+}
 typedef struct { float score; int pos, slot; } SnapCand;
 
 static int snap_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
@@ -526,11 +537,15 @@ static int snap_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, 
     return check_budget(sp, "snapkv", budget, st->obs, what, budget >= 2 ? fix : "", err, errlen);
 }
 
-static void snap_reset(KVPolicy *p) { p->prompt_len = ((SnapState *)p->state)->prefill; }
+static void snap_reset(KVPolicy *p) {
+    SnapState *st = p->state;
+    p->prompt_len = st->prefill;
+    st->prompt = 0;
+}
 
 static void snap_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
     SnapState *st = p->state;
-    int P = p->prompt_len;
+    int P = snap_prompt(p);
     if (P <= 0 || t >= P || t < P - st->obs) return;
     float *acc = meta_f32(ln);
     for (int i = 0; i < ln->n_live; i++) acc[ln->live[i]] += prob[i];
@@ -544,7 +559,7 @@ static int snap_cmp(const void *a, const void *b) {
 
 static int snap_prune(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     SnapState *st = p->state;
-    int P = p->prompt_len;
+    int P = snap_prompt(p);
     if (P <= 0 || t != P - 1 || ln->n_live <= p->budget) return 0;
     int n_cand = candidates_end(ln, t, st->obs), n_keep = p->budget - (ln->n_live - n_cand);
     SnapCand *c = malloc((size_t)n_cand * sizeof *c);

@@ -366,6 +366,28 @@ static void test_documented_examples(void) {
           held_n(38, 0), held_n(39, 0), held_n(59, 0));
 }
 
+/* snapkv compresses once per document: a second prompt end (a chat turn) is ignored; after a reset it compresses again */
+static void test_snapkv_once(void) {
+    KVShape s = pshape();
+    KVCache c;
+    if (tcache(&c, &s, "snapkv:12,obs=4")) return;
+    float k[NKV * HD], v[NKV * HD], q[NH * HD], out[NH * HD];
+    int n_at[2][70];
+    for (int doc = 0; doc < 2; doc++) {
+        kv_set_prompt_len(&c, 40);
+        for (int t = 0; t < 70; t++) {
+            if (t == 45) kv_set_prompt_len(&c, 60);   /* the second turn's prompt ends at 59 */
+            for (int l = 0; l < L; l++) { gen(t, l, 20, k, v, q); kv_append(&c, l, t, k, v); kv_attend_cpu(&c, out, l, t, q); }
+            n_at[doc][t] = c.lanes[3].n_live;
+        }
+        kv_cache_reset(&c);
+    }
+    CHECK(n_at[0][39] == 12 && n_at[0][59] == 32 && n_at[0][69] == 42 && !memcmp(n_at[0], n_at[1], sizeof n_at[0]),
+          "snapkv:12 compresses once per document: 12 slots after t=39, 32 at t=59 (second prompt end ignored), "
+          "the same again after kv_cache_reset (got %d, %d, %d)", n_at[0][39], n_at[0][59], n_at[0][69]);
+    kv_cache_free(&c);
+}
+
 /* GQA: the query heads of a group read their lane's one set: each head's output equals a dense f64 softmax over
  * exactly the lane's kept positions (values kept from the stream here). */
 static void test_gqa_shared_set(void) {
@@ -469,6 +491,7 @@ int main(void) {
     test_reference_streams();
     test_documented_examples();
     test_gqa_shared_set();
+    test_snapkv_once();
     test_random();
     CHECK_EXIT();
 }

@@ -12,7 +12,9 @@
  * Rules every policy here follows (DESIGN.md, Semantics): `victims` is asked at step 1 of the token at pos_now,
  * before it is stored, from the state after step pos_now-1; `recent=R` protects positions pos_now-R+1..pos_now (the
  * current token counted); a score-based policy keeps one token set per kv head (lane), from the attention of the
- * query heads of its GQA group aggregated by agg= (mean or max); thresholds compare the group mean whatever agg= is.
+ * query heads of its GQA group aggregated by agg= (mean or max); thresholds compare the group mean whatever agg= is;
+ * decisions at layer l depend only on layer l's own attention (a chunked prefill runs every token of a chunk through
+ * layer l before layer l+1, run.c's forward_layer).
  *
  * Dimensions: budget (slots per lane), n_lanes (n_layers * n_kv_heads). Indices: s slot, i rank in a lane's live
  * list (live slots in increasing position order), t position.

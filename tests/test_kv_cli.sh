@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The KV policies through ./run on a tiny random model (ids-only, no download): every bad spec of issue 4 is one
+# error line naming the bad part and the valid choices; every policy generates past twice its budget; -kvlog writes
+# one JSON line per eviction; a policy with room for every token generates the same ids as full.
+set -u
+cd "$(dirname "$0")/.."
+tmp=tests/tmp/kv_cli; rm -rf "$tmp"; mkdir -p "$tmp"
+RUN=${KVLAB_RUN:-./run}; EXPORT=${KVLAB_EXPORT:-./export}
+
+pass() { echo "PASS $*"; }
+fail() { echo "FAIL $*"; }
+
+if ! "$EXPORT" --random "$tmp/tiny.bin" --dim 48 --hidden 112 --layers 3 --heads 6 --kv-heads 2 --vocab 97 --seq 128 \
+    --seed 11 >/dev/null 2>"$tmp/export_err"; then
+    fail "export --random: $(head -c 300 "$tmp/export_err")"; exit 1
+fi
+M=$tmp/tiny.bin
+PROMPT="1 2 3 4 5 6 7 8 9 10 11 12"
+
+# expect_error SPEC PATTERN...: non-zero exit below 128 (not a signal), stderr matches every PATTERN (fixed strings)
+expect_error() {
+    local spec=$1; shift
+    "$RUN" "$M" -t 0 -n 4 -i "$PROMPT" -kv "$spec" >"$tmp/out" 2>"$tmp/err"; local rc=$? ok=1
+    for pat in "$@"; do grep -qF -- "$pat" "$tmp/err" || ok=0; done
+    if [ $rc -ne 0 ] && [ $rc -lt 128 ] && [ $ok -eq 1 ] && ! grep -qE "Sanitizer|runtime error" "$tmp/err"; then
+        pass "./run -kv '$spec' -> $(head -1 "$tmp/err" | head -c 200)"
+    else
+        fail "./run -kv '$spec': exit $rc, stderr: $(head -c 300 "$tmp/err")"
+    fi
+}
+
+expect_error "window" "needs a budget" "window:1024"
+expect_error "window:0" "budget 0" "tokens per lane"
+expect_error "h2o:64,recent=80" "recent=80" "recent <= 63"
+expect_error "h2o:64,recent=64" "recent=64" "recent <= 63"
+expect_error "sink:4,sinks=4" "sinks=4" "sinks <= 2"
+expect_error "sink:abc" "'abc'" "tokens per lane (1024) or bytes"
+expect_error "nosuch:5" "'nosuch'" "full, window, sink, h2o, tova, scissorhands, lru, random, snapkv"
+expect_error "window:8,type=q3" "type=q3" "f32, f16, bf16, q8, q4"
+expect_error "window:8,pos=middle" "pos=middle" "orig, cache"
+expect_error "window:8,colour=red" "'colour'" "type, ktype, vtype, residual, pos, agg"
+
+# every policy generates 60 tokens with a budget of 16, greedy, no error: 12 prompt positions + 59 fed back (the last
+# sampled token is printed, not fed) = 71 positions, more than twice the budget
+for spec in "window:16" "sink:16" "sink:16,pos=cache" "h2o:16" "tova:16" "tova:16,per=layer" "scissorhands:16,drop=2" \
+            "lru:16" "random:16" "h2o:16,type=q8,residual=4" "window:16,ktype=q4,vtype=f16" "h2o:16KiB"; do
+    out=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$spec" 2>"$tmp/err"); rc=$?
+    n=$(echo "$out" | wc -w)
+    if [ $rc -eq 0 ] && [ "$n" -eq 60 ]; then pass "./run -kv '$spec' generates 60 tokens past twice its budget"
+    else fail "./run -kv '$spec': exit $rc, $n tokens, stderr: $(tail -c 300 "$tmp/err")"; fi
+done
+
+# with room for all 71 positions every policy gives full's greedy ids
+ref=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv full 2>/dev/null)
+for spec in "window:128" "sink:100" "h2o:80" "tova:72" "scissorhands:90" "lru:72" "random:72" "window:72,pos=cache"; do
+    got=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$spec" 2>/dev/null)
+    if [ -n "$ref" ] && [ "$got" = "$ref" ]; then pass "./run -kv '$spec' with room for every token: full's greedy ids"
+    else fail "./run -kv '$spec' with room for every token: ids differ from full"; fi
+done
+
+# -kvlog: one JSON line per eviction, each naming step, layer, kv head, evicted position and reason.
+# window:16 over 71 positions, 3 layers x 2 kv heads: (71 - 16) * 6 = 330 evictions
+"$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv window:16 -kvlog "$tmp/log.jsonl" >/dev/null 2>"$tmp/err"
+lines=$(wc -l <"$tmp/log.jsonl" 2>/dev/null || echo 0)
+bad=$(grep -cvE '^\{"step":[0-9]+,"layer":[0-9]+,"kv_head":[0-9]+,"evicted_pos":[0-9]+,.*"reason":"oldest"\}$' \
+      "$tmp/log.jsonl" 2>/dev/null)
+if [ "$lines" -eq 330 ] && [ "${bad:-1}" -eq 0 ]; then pass "-kvlog: window:16 over 71 positions logs 330 evictions, reason 'oldest'"
+else fail "-kvlog: $lines lines (want 330), $bad malformed: $(head -2 "$tmp/log.jsonl")"; fi

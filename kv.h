@@ -33,20 +33,21 @@
  * compaction so a token's bytes move at most once (see residual below): a GPU copy of the cache only has to be told
  * which slots changed.
  *
- * Storage and the residual (KIVI, Liu et al. 2024, §3.3: the newest R tokens stay in full precision). A lane's
- * `budget` slots are split in two regions: slots [0, budget-R) hold vectors in ktype/vtype, slots [budget-R, budget)
- * hold them in f32. A new token always goes to the f32 region; when that region is full, its oldest token is
- * encoded once into a free slot of the typed region (one exists: the lane holds at most budget-1 tokens before the
- * store) and its policy metadata moves with it. So every typed token is older than every f32 token, the f32 region
- * holds the newest min(R, n_live) live tokens (fewer, transiently, after a policy freed several of them at once), and
- * residual tokens are part of the budget: no token is stored twice. Policies must not remember slot ids across
- * steps: they keep their per-slot state in the lane's `meta`, which kv.c moves with the token.
+ * Storage and the residual (KIVI, Liu et al. 2024, arXiv:2402.02750, §3: the newest R tokens stay in full precision). A
+ * lane's slots (`budget`; -c for full and snapkv) are split in two regions: slots [0, budget-R) hold vectors in
+ * ktype/vtype, slots [budget-R, budget) hold them in f32. A new token always goes to the f32 region; when that region
+ * is full, its oldest token is encoded once into a free slot of the typed region (one exists: the lane holds at most
+ * budget-1 tokens before the store) and its policy metadata moves with it. So every typed token is older than every f32
+ * token, the f32 region holds the newest min(R, n_live) live tokens (fewer, transiently, after a policy freed several
+ * of them at once), and residual tokens are part of the budget: no token is stored twice. Policies must not remember
+ * slot ids across steps: they keep their per-slot state in the lane's `meta`, which kv.c moves with the token.
  *
- * Positions (pos=): orig: keys are rotated with their true position when stored and the query with t.
- * cache (StreamingLLM, Xiao et al. 2023, §3.2): keys are stored before RoPE; at attention time the lane's n live
- * keys, in position order, are rotated by their rank 0..n-1 and the query by n-1. With nothing evicted the two give
- * the same bits for f32 keys (a quantized key is rounded before rotation under pos=cache and after under pos=orig,
- * so there the two differ by the rounding).
+ * Positions (pos=):
+ *   orig: keys are rotated with their true position when stored and the query with t.
+ *   cache (StreamingLLM, Xiao et al. 2023, arXiv:2309.17453, §3.2): keys are stored before RoPE; at attention time
+ *   the lane's n live keys, in position order, are rotated by their rank 0..n-1 and the query by n-1.
+ * With nothing evicted the two give the same bits for f32 keys (a quantized key is rounded before rotation under
+ * pos=cache and after it under pos=orig, so there the two differ by that rounding).
  *
  * Aggregation (agg=): the ranking policies (h2o, tova, snapkv) score with the group's mean or max probability;
  * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (DESIGN.md), so agg= does not change them.
@@ -239,9 +240,9 @@ void kv_set_prompt_len(KVCache *c, int n_tokens);
  * (`full` past its context). */
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
 /* Steps 3 and 4: out (n_heads * head_dim) = attention of q (n_heads * head_dim, before RoPE) at position t over the
- * live slots of layer l; then the policy is shown the aggregated probabilities. This is the CPU reference that the
- * CUDA kernels are checked against. The probabilities of query head h stay in c->scores[h * budget + i] (rank i).
- * Lanes run in parallel under OpenMP; each output is computed by one thread, so any thread count gives the same bits. */
+ * live slots of layer l; then the policy is shown the aggregated probabilities. This is the CPU reference that the CUDA
+ * kernels are checked against. The probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run
+ * in parallel under OpenMP; each output is computed by one thread, so any thread count gives the same bits. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q);
 
 /* RoPE in place on one head vector x (head_dim) at position pos (RoFormer, Su et al. 2021, eq. 34; pairing per

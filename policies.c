@@ -112,9 +112,10 @@ static const KVPolicyOps policy_window = {
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
- * sink:N,sinks=S: StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks", §3.2):
- * the S first tokens (attention sinks) and the N-S most recent. Victim: the oldest token that is not a sink. Sinks
- * are never evicted, so they are always live[0..S-1]. Default S = 4 (the paper's choice).
+ * sink:N,sinks=S: StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
+ * arXiv:2309.17453, §3.2 "Rolling KV Cache with Attention Sinks"): the S first tokens (attention sinks) and the N-S
+ * most recent. Victim: the oldest token that is not a sink. Sinks are never evicted, so they are always live[0..S-1].
+ * Default S = 4 (the paper's choice).
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct { int sinks; } SinkState;
@@ -150,11 +151,12 @@ static const KVPolicyOps policy_sink = {
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
- * h2o:N,recent=R: Heavy-Hitter Oracle (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative
- * Inference of Large Language Models", §4.2, Algorithm 1): each token's attention is accumulated over every step
- * since it was stored (per lane: one set per kv head, the group's probabilities aggregated by agg=); the R most
- * recent tokens (current included) are always kept; the victim is the other token with the lowest accumulated
- * attention. Default R = N/2, the paper's even split between recent and heavy tokens. Metadata: one f32 sum.
+ * h2o:N,recent=R: Heavy-Hitter Oracle (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference
+ * of Large Language Models", arXiv:2306.14048, §4 and its Algorithm 1, the greedy eviction): each token's attention is
+ * accumulated over every step since it was stored (per lane: one set per kv head, the group's probabilities aggregated
+ * by agg=); the R most recent tokens (current included) are always kept; the victim is the other token with the lowest
+ * accumulated attention. Default R = N/2, the paper's even split between recent and heavy tokens. Metadata: one f32
+ * sum.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct { int recent; } RecentState;
@@ -197,14 +199,14 @@ static const KVPolicyOps policy_h2o = {
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
- * tova:N,per=lane|layer: Token Omission Via Attention (Oren et al. 2024, "Transformers are Multi-State RNNs", §3.3):
- * drop the token with the lowest attention at the last step. In the paper the current query first attends over
- * N+1 tokens and the lowest is dropped after; here, as DESIGN.md's step order requires (the budget is what a query
- * attends to), the victim is chosen when the lane is full from the PREVIOUS step's attention, before the current
- * token is stored. The paper keeps one set per layer, scoring with the attention averaged over all heads of the
- * layer: per=layer does that (the mean, or the max with agg=max, over every query head of the layer, so every lane
- * of a layer holds the same positions); per=lane (default) keeps one set per kv head from its GQA group's
- * attention. Only the current token is protected. Metadata: one f32, the last step's attention.
+ * tova:N,per=lane|layer: Token Omission Via Attention (Oren et al. 2024, "Transformers are Multi-State RNNs",
+ * arXiv:2401.06104, §3, the section introducing TOVA): drop the token with the lowest attention at the last step. In
+ * the paper the current query first attends over N+1 tokens and the lowest is dropped after; here, as DESIGN.md's step
+ * order requires (the budget is what a query attends to), the victim is chosen when the lane is full from the PREVIOUS
+ * step's attention, before the current token is stored. The paper keeps one set per layer, scoring with the attention
+ * averaged over all heads of the layer: per=layer does that (the mean, or the max with agg=max, over every query head
+ * of the layer, so every lane of a layer holds the same positions); per=lane (default) keeps one set per kv head from
+ * its GQA group's attention. Only the current token is protected. Metadata: one f32, the last step's attention.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct { int per_layer; float *layer_score; /* (budget) sum or max over the lanes of the layer */ } TovaState;
@@ -278,7 +280,8 @@ static const KVPolicyOps policy_tova = {
 
 /* ---------------------------------------------------------------------------------------------------------------
  * scissorhands:N,recent=R,history=H,drop=M: Scissorhands (Liu et al. 2023, "Scissorhands: Exploiting the
- * Persistence of Importance Hypothesis for LLM KV Cache Compression at Test Time", §4, Algorithms 1 and 2): over
+ * Persistence of Importance Hypothesis for LLM KV Cache Compression at Test Time", arXiv:2305.17118, §4, its
+ * Algorithms 1 (a budgeted cache per head) and 2 (compression)): over
  * the last H steps, count how often a token's attention fell below the threshold 1/(live slots) (the group MEAN is
  * compared, whatever agg=); when the lane is full, free the M tokens counted unimportant most often at once (ties:
  * oldest first), the R most recent (current included) protected; the lane then holds fewer than N tokens until it
@@ -498,14 +501,14 @@ static const KVPolicyOps policy_random = {
 
 /* ---------------------------------------------------------------------------------------------------------------
  * snapkv:N,obs=W,kernel=K,prefill=P: SnapKV (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before
- * Generation", §4.1, Algorithm 1): the lane grows without eviction through the prompt; right after the attention
- * of the last prompt token, each lane is compressed once to N tokens: the last W prompt tokens (the observation
- * window) are kept, and of the others the N-W with the highest score, where a token's score is the attention it
- * received from the W observation queries (summed; the GQA group aggregated by agg=, one set per kv head instead
- * of the paper's per-query-head copies), max-pooled over neighbouring positions with kernel K (clusters, §4.1).
- * Afterwards the lane grows by one slot per token without eviction, up to -c like `full`. The prompt end comes
- * from kv_set_prompt_len (generate, chat, passkey) or prefill=P (required in ppl mode). Defaults W = 32, K = 7.
- * Metadata: one f32, the attention summed over the observation queries.
+ * Generation", arXiv:2404.14469, §4, the observation window, voting and pooling): the lane grows without eviction
+ * through the prompt; right after the attention of the last prompt token, each lane is compressed once to N tokens: the
+ * last W prompt tokens (the observation window) are kept, and of the others the N-W with the highest score, where a
+ * token's score is the attention it received from the W observation queries (summed; the GQA group aggregated by agg=,
+ * one set per kv head instead of the paper's per-query-head copies), max-pooled over neighbouring positions with kernel
+ * K (its clustering step). Afterwards the lane grows by one slot per token without eviction, up to -c like `full`. The
+ * prompt end comes from kv_set_prompt_len (generate, chat, passkey) or prefill=P (required in ppl mode). Defaults W =
+ * 32, K = 7. Metadata: one f32, the attention summed over the observation queries.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct {

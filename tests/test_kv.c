@@ -441,8 +441,10 @@ static void test_reset_and_full_stop(void) {
     CHECK(rc == -1 && t == 17, "full with -c 16: the 17th token cannot be stored (kv_append returns -1)");
     kv_cache_reset(&c);
     KVBytes b = kv_bytes(&c);
-    CHECK(c.lanes[0].n_live == 0 && b.total_live == 0 && kv_append(&c, 0, 0, AK[0][0], AV[0][0]) == 0,
-          "after kv_cache_reset every lane is empty and accepts position 0 again");
+    CHECK(c.lanes[0].n_live == 0 && b.total_live == 0 && b.peak_live == b.total_alloc / 2 &&
+          c.lanes[0].peak_live == 16 && kv_append(&c, 0, 0, AK[0][0], AV[0][0]) == 0,
+          "after kv_cache_reset every lane is empty and accepts position 0 again; peaks since init are kept (layer 0 "
+          "of 2 was full: peak = half the allocation)");
     kv_cache_free(&c);
     /* kv_describe shows the resolved defaults */
     if (tcache(&c, &s, "h2o:10")) return;

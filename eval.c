@@ -156,20 +156,23 @@ typedef struct {
 typedef struct {
     const Model *m;
     PolicyRun *shadow;
-    float *shadow_prob;     /* (n_layers, n_heads, ctx) the shadow's attention probabilities at this step */
+    float *shadow_prob;     /* (chunk, n_heads, ctx) the shadow's attention probabilities at the current layer */
     int ctx;
+    int pos0;               /* position of the chunk's first token */
 } EvalCtx;
 
 typedef struct { EvalCtx *e; PolicyRun *r; } HookCtx;
 
-/* After the shadow's layer l attended: keep its per-head probabilities (live order = position order: it never
- * evicts and restarts with each document). */
+/* After the shadow's layer l attended at pos: keep its per-head probabilities for this token of the chunk (live
+ * order = position order: it never evicts and restarts with each document). Runs go in lockstep layer by layer, so
+ * only the current layer is kept. */
 static void shadow_hook(void *ctx, int l, const KVCache *c, int pos) {
     HookCtx *hc = ctx;
     EvalCtx *e = hc->e;
     int H = c->shape.n_heads, n = pos + 1;
+    float *dst = e->shadow_prob + (size_t)(pos - e->pos0) * H * e->ctx;
     for (int h = 0; h < H; h++)
-        memcpy(e->shadow_prob + ((size_t)l * H + h) * e->ctx, c->scores + (size_t)h * c->budget, (size_t)n * sizeof(float));
+        memcpy(dst + (size_t)h * e->ctx, c->scores + (size_t)h * c->budget, (size_t)n * sizeof(float));
 }
 
 /* After a policy's layer l attended at pos < ctx: attention-mass recall = the share of the shadow's probability, from
@@ -179,13 +182,14 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     EvalCtx *e = hc->e;
     if (pos >= e->ctx) return;
     int H = c->shape.n_heads, G = c->shape.n_kv_heads, group = H / G;
+    const float *sp = e->shadow_prob + (size_t)(pos - e->pos0) * H * e->ctx;
     double sum = 0;
     for (int g = 0; g < G; g++) {
         const KVLane *ln = &c->lanes[l * G + g];
         double r = 0;
         for (int i = 0; i < ln->n_live; i++) {
             int p = ln->pos[ln->live[i]];
-            for (int hh = 0; hh < group; hh++) r += e->shadow_prob[((size_t)l * H + g * group + hh) * e->ctx + p];
+            for (int hh = 0; hh < group; hh++) r += sp[(size_t)(g * group + hh) * e->ctx + p];
         }
         sum += r / group;
     }
@@ -212,14 +216,17 @@ static double kl_div(const float *a, double lse_a, const float *b, double lse_b,
     return kl > 0 ? kl : 0;   /* rounding can leave -1e-17 for identical distributions */
 }
 
-static void policy_run_init(PolicyRun *r, const Model *m, const char *spec_text, KVType kvt, int ctx, int shadow) {
+static void policy_run_init(PolicyRun *r, const Model *m, const char *spec_text, KVType kvt, int ctx, int shadow,
+                            int chunk, const char *mode) {
     memset(r, 0, sizeof *r);
     char err[512];
     KVSpec spec;
-    if (kv_spec_parse(&spec, spec_text, shadow ? KV_F32 : kvt, err, sizeof err)) fatal("-kv: %s", err);
+    if (kv_spec_parse(&spec, spec_text, shadow ? KV_F32 : kvt, err, sizeof err) ||
+        kv_spec_check_mode(&spec, mode, err, sizeof err))
+        fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
     if (kv_cache_init(&r->cache, &shape, &spec, err, sizeof err)) fatal("-kv: %s", err);
-    if (state_init(&r->s, &m->config)) fatal("out of memory");
+    if (state_init_chunk(&r->s, &m->config, chunk)) fatal("out of memory");
     r->recall = calloc((size_t)m->config.n_layers, sizeof(double));
     if (!r->recall) fatal("out of memory");
     r->is_shadow = shadow;
@@ -268,14 +275,18 @@ static void progress(double t_start, long done, long total, const char *what) {
             (int)eta % 60, isatty(2) && done < total ? "\r" : "\n");
 }
 
-/* Streaming perplexity: each document token by token through every policy and the shadow. */
+/* Streaming perplexity: each document through every policy and the shadow, a chunk of `chunk` tokens at a time,
+ * all runs in lockstep layer by layer (forward_layer), so the shadow's attention at (token, layer) is at hand when
+ * a policy's recall at that (token, layer) is measured. chunk = 1 is token-by-token decode; any chunk gives the
+ * same bits (tests/test_eval.sh). */
 static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, PolicyRun *runs, int n_runs,
-                       EvalCtx *e, FILE *tokenlog) {
+                       EvalCtx *e, FILE *tokenlog, int chunk) {
     int V = m->config.vocab_size, ctx = e->ctx;
     long total = 0, done = 0;
     for (int d = 0; d < n_docs; d++) total += (long)docs[d].n - 1;
     double t_start = now_s();
     HookCtx hooks[n_runs];
+    int nt_run[n_runs];
     for (int k = 0; k < n_runs; k++) {
         hooks[k] = (HookCtx){e, &runs[k]};
         runs[k].s.after_attn = runs[k].is_shadow ? shadow_hook : recall_hook;
@@ -285,47 +296,64 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
         /* every cache, score and position restarts with each document */
         for (int k = 0; k < n_runs; k++) { kv_cache_reset(&runs[k].cache); runs[k].alive = 1; }
         const int *tok = docs[d].ids;
-        for (size_t t = 0; t + 1 < docs[d].n; t++, done++) {
-            int next = tok[t + 1];
-            int in_span = (int)t < ctx;
-            double shadow_lse = 0, shadow_nll = 0;
+        long n_feed = (long)docs[d].n - 1;   /* the last token is only predicted */
+        for (long t0 = 0; t0 < n_feed; t0 += chunk) {
+            int nt = n_feed - t0 < chunk ? (int)(n_feed - t0) : chunk;
+            e->pos0 = (int)t0;
+            /* how many of this chunk's tokens each run takes: the shadow and non-evicting caches stop at -c */
             for (int k = 0; k < n_runs; k++) {
                 PolicyRun *r = &runs[k];
-                if (!r->alive) continue;
-                if (r->is_shadow && !in_span) { r->alive = 0; continue; }
-                if (forward((Model *)m, &r->s, &r->cache, tok[t], (int)t)) { r->alive = 0; continue; }
-                note_bytes(r);
-                double lse = logsumexp(r->s.logits, V);
-                double nll = lse - r->s.logits[next];
-                r->cur_nll = nll;
-                r->all.nll += nll; r->all.n++;
-                if (r->is_shadow) { shadow_lse = lse; shadow_nll = nll; }
-                if (in_span) {
-                    r->span.nll += nll; r->span.n++;
-                    if (!r->is_shadow) {
-                        const float *sl = runs[0].s.logits;   /* the shadow runs first */
-                        double kl = kl_div(sl, shadow_lse, r->s.logits, lse, V);
+                int cap = r->is_shadow || !r->cache.policy.ops->evicts ? ctx : INT_MAX;
+                nt_run[k] = !r->alive ? 0 : (cap - t0 < nt ? (int)(cap - t0 > 0 ? cap - t0 : 0) : nt);
+                if (nt_run[k] == 0) { r->alive = 0; continue; }
+                forward_begin((Model *)m, &r->s, tok + t0, nt_run[k], (int)t0);
+            }
+            for (int l = 0; l < m->config.n_layers; l++)
+                for (int k = 0; k < n_runs; k++)
+                    if (nt_run[k] && forward_layer((Model *)m, &runs[k].s, &runs[k].cache, l))
+                        fatal("'%s' could not store position %ld", runs[k].cache.spec.text, t0);
+            for (int k = 0; k < n_runs; k++)
+                if (nt_run[k]) { forward_end((Model *)m, &runs[k].s); note_bytes(&runs[k]); }
+            /* score each token of the chunk */
+            for (int j = 0; j < nt; j++, done++) {
+                long t = t0 + j;
+                int next = tok[t + 1], in_span = t < ctx;
+                const float *sl = runs[0].s.logits + (size_t)j * V;   /* the shadow is runs[0] */
+                double shadow_lse = 0, shadow_nll = 0;
+                for (int k = 0; k < n_runs; k++) {
+                    PolicyRun *r = &runs[k];
+                    r->cur_nll = NAN;
+                    if (j >= nt_run[k]) continue;
+                    const float *lg = r->s.logits + (size_t)j * V;
+                    double lse = logsumexp(lg, V), nll = lse - lg[next];
+                    r->cur_nll = nll;
+                    r->all.nll += nll; r->all.n++;
+                    if (r->is_shadow) { shadow_lse = lse; shadow_nll = nll; continue; }
+                    if (in_span) {
+                        r->span.nll += nll; r->span.n++;
+                        double kl = kl_div(sl, shadow_lse, lg, lse, V);
                         r->cur_kl = kl;
                         r->kl += kl;
-                        r->top1 += sample_argmax(sl, V) == sample_argmax(r->s.logits, V);
+                        r->top1 += sample_argmax(sl, V) == sample_argmax(lg, V);
                         r->dp += exp(-nll) - exp(-shadow_nll);
                         r->dnll += nll - shadow_nll;
                     }
                 }
-            }
-            if (tokenlog) {
-                fprintf(tokenlog, "{\"doc\":%d,\"pos\":%zu,\"token\":%d,\"next\":%d,\"policies\":[", d, t, tok[t], next);
-                for (int k = 0; k < n_runs; k++) {
-                    PolicyRun *r = &runs[k];
-                    fprintf(tokenlog, "%s{\"kv\":\"", k ? "," : "");
-                    json_write_string_body(tokenlog, r->is_shadow ? "shadow" : r->cache.spec.text);
-                    if (!r->alive) fprintf(tokenlog, "\",\"nll\":null}");
-                    else if (r->is_shadow || !in_span) fprintf(tokenlog, "\",\"nll\":%.6f}", r->cur_nll);
-                    else fprintf(tokenlog, "\",\"nll\":%.6f,\"kl\":%.6g}", r->cur_nll, r->cur_kl);
+                if (in_span) { runs[0].span.nll += shadow_nll; runs[0].span.n++; }
+                if (tokenlog) {
+                    fprintf(tokenlog, "{\"doc\":%d,\"pos\":%ld,\"token\":%d,\"next\":%d,\"policies\":[", d, t, tok[t], next);
+                    for (int k = 0; k < n_runs; k++) {
+                        PolicyRun *r = &runs[k];
+                        fprintf(tokenlog, "%s{\"kv\":\"", k ? "," : "");
+                        json_write_string_body(tokenlog, r->is_shadow ? "shadow" : r->cache.spec.text);
+                        if (isnan(r->cur_nll)) fprintf(tokenlog, "\",\"nll\":null}");
+                        else if (r->is_shadow || !in_span) fprintf(tokenlog, "\",\"nll\":%.9g}", r->cur_nll);
+                        else fprintf(tokenlog, "\",\"nll\":%.9g,\"kl\":%.9g}", r->cur_nll, r->cur_kl);
+                    }
+                    fprintf(tokenlog, "]}\n");
                 }
-                fprintf(tokenlog, "]}\n");
             }
-            progress(t_start, done + 1, total, "ppl:");
+            progress(t_start, done, total, "ppl:");
         }
     }
 }
@@ -333,8 +361,10 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
 /* llama-perplexity's method (examples/perplexity, commit c392e50): the stream is cut into n_ctx-token chunks
  * (a trailing partial chunk is dropped), BOS replaces each chunk's first token when the model adds BOS, the cache is
  * cleared per chunk, and only the second half is scored: logits at positions n_ctx/2 .. n_ctx-2. */
-static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, int n_runs, int n_ctx) {
+static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, int n_runs, int n_ctx, int chunk) {
     int V = m->config.vocab_size, first = n_ctx / 2;
+    int *in = malloc((size_t)n_ctx * sizeof(int));
+    if (!in) fatal("out of memory");
     for (int d = 0; d < n_docs; d++) {
         size_t n_chunks = docs[d].n / (size_t)n_ctx;
         if (n_chunks < 2)
@@ -342,14 +372,18 @@ static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, 
                   d + 1, docs[d].n);
         for (size_t ch = 0; ch < n_chunks; ch++) {
             const int *tok = docs[d].ids + ch * n_ctx;
+            memcpy(in, tok, (size_t)n_ctx * sizeof(int));
+            if (m->tokenizer.add_bos) in[0] = m->tokenizer.bos_id;
             for (int k = 0; k < n_runs; k++) {
                 PolicyRun *r = &runs[k];
                 kv_cache_reset(&r->cache);
-                for (int j = 0; j < n_ctx - 1; j++) {
-                    int in = j == 0 && m->tokenizer.add_bos ? m->tokenizer.bos_id : tok[j];
-                    if (forward((Model *)m, &r->s, &r->cache, in, j)) fatal("the cache filled up inside a chunk");
-                    if (j >= first) {
-                        double nll = logsumexp(r->s.logits, V) - r->s.logits[tok[j + 1]];
+                for (int j0 = 0; j0 < n_ctx - 1; j0 += chunk) {
+                    int nt = n_ctx - 1 - j0 < chunk ? n_ctx - 1 - j0 : chunk;
+                    if (forward_chunk((Model *)m, &r->s, &r->cache, in + j0, nt, j0))
+                        fatal("'%s' filled up inside a chunk", r->cache.spec.text);
+                    for (int j = j0 > first ? j0 : first; j < j0 + nt; j++) {
+                        const float *lg = r->s.logits + (size_t)(j - j0) * V;
+                        double nll = logsumexp(lg, V) - lg[tok[j + 1]];
                         r->all.nll += nll; r->all.n++;
                         r->span.nll += nll; r->span.n++;
                     }
@@ -359,6 +393,7 @@ static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, 
             fprintf(stderr, "[%zu] ppl %.4f\n", ch + 1, exp(runs[0].all.nll / runs[0].all.n));
         }
     }
+    free(in);
 }
 
 void run_ppl(Model *m, const Options *o) {
@@ -376,17 +411,18 @@ void run_ppl(Model *m, const Options *o) {
         n_tokens += (long)docs[d].n;
     }
     int chunked = !strcmp(o->ppl_mode, "chunked");
+    int chunk = o->chunk ? o->chunk : 1;
     /* runs[0] is the shadow (stream mode), then each -kv policy in order */
     int n_pol = o->n_kv ? o->n_kv : 1, n_runs = n_pol + !chunked;
     PolicyRun *runs = calloc((size_t)n_runs, sizeof *runs);
     if (!runs) fatal("out of memory");
-    if (!chunked) policy_run_init(&runs[0], m, "full", KV_F32, ctx, 1);
+    if (!chunked) policy_run_init(&runs[0], m, "full", KV_F32, ctx, 1, chunk, "ppl");
     for (int k = 0; k < n_pol; k++) {
-        policy_run_init(&runs[k + !chunked], m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0);
+        policy_run_init(&runs[k + !chunked], m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "ppl");
     }
-    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx};
+    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx, 0};
     if (!chunked) {
-        e.shadow_prob = calloc((size_t)m->config.n_layers * m->config.n_heads * ctx, sizeof(float));
+        e.shadow_prob = calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float));
         if (!e.shadow_prob) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
     }
     FILE *tokenlog = NULL, *out = NULL;
@@ -395,8 +431,8 @@ void run_ppl(Model *m, const Options *o) {
     fprintf(stderr, "ppl: %d document%s, %ld tokens, -c %d, mode %s, %d polic%s\n", o->n_files, o->n_files > 1 ? "s" : "",
             n_tokens, ctx, o->ppl_mode, n_pol, n_pol > 1 ? "ies" : "y");
     double t0 = now_s();
-    if (chunked) ppl_chunked(m, docs, o->n_files, runs, n_runs, ctx);
-    else ppl_stream(m, o, docs, o->n_files, runs, n_runs, &e, tokenlog);
+    if (chunked) ppl_chunked(m, docs, o->n_files, runs, n_runs, ctx, chunk);
+    else ppl_stream(m, o, docs, o->n_files, runs, n_runs, &e, tokenlog, chunk);
     double secs = now_s() - t0;
 
     Provenance pv;
@@ -424,7 +460,7 @@ void run_ppl(Model *m, const Options *o) {
             json_write_string_body(out, r->is_shadow ? "shadow" : r->cache.spec.text);
             fprintf(out, "\",\"budget\":%d,\"ctx\":%d,\"documents\":%d,\"span_tokens\":%ld,\"span_nll\":%.9g,"
                     "\"span_ppl\":%.9g,\"all_tokens\":%ld,\"all_nll\":%.9g,\"all_ppl\":%.9g,",
-                    r->cache.budget, ctx, o->n_files, r->span.n, r->span.nll / n, exp(r->span.nll / n), r->all.n,
+                    r->cache.policy.budget, ctx, o->n_files, r->span.n, r->span.nll / n, exp(r->span.nll / n), r->all.n,
                     r->all.n ? r->all.nll / r->all.n : 0, r->all.n ? exp(r->all.nll / r->all.n) : 0);
             if (!r->is_shadow && !chunked) {
                 fprintf(out, "\"kl\":%.9g,\"top1\":%.9g,\"dp\":%.9g,\"dnll\":%.9g,\"recall\":%.9g,\"recall_per_layer\":[",
@@ -509,12 +545,13 @@ void run_bench(Model *m, const Options *o) {
     double *ms = malloc((size_t)steps * sizeof(double));
     for (int k = 0; k < n_pol; k++) {
         PolicyRun r;
-        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx_max, 0);
+        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx_max, 0, 1, "bench");
         /* warm-up: page the weights in, wake the threads */
         for (int t = 0; t < 8; t++) forward(m, &r.s, &r.cache, tok[t], t);
         for (int li = 0; li < n_lens; li++) {
             int L = lens[li];
             kv_cache_reset(&r.cache);
+            kv_set_prompt_len(&r.cache, L);
             double t0 = now_s();
             for (int t = 0; t < L; t++)
                 if (forward(m, &r.s, &r.cache, tok[t], t)) fatal("'%s' filled up at %d tokens", r.cache.spec.text, t);
@@ -544,7 +581,7 @@ void run_bench(Model *m, const Options *o) {
                         "\"decode_ms_p50\":%.4f,\"decode_ms_p95\":%.4f,\"decode_tok_s\":%.3f,\"matmul_frac\":%.4f,"
                         "\"attn_frac\":%.4f,\"kv_alloc_bytes\":%zu,\"kv_live_bytes\":%zu,\"kv_peak_live_bytes\":%zu,"
                         "\"peak_rss_kib\":%ld,",
-                        r.cache.budget, L, ttft * 1e3, L / ttft, done, p50, p95, done / tdec, fm, fa, b.total_alloc,
+                        r.cache.policy.budget, L, ttft * 1e3, L / ttft, done, p50, p95, done / tdec, fm, fa, b.total_alloc,
                         b.total_live, b.peak_live, peak_rss_kib());
                 json_provenance(out, &pv);
                 fprintf(out, "}\n");
@@ -555,5 +592,225 @@ void run_bench(Model *m, const Options *o) {
     fprintf(stderr, "bench: peak RSS %.1f MiB\n", peak_rss_kib() / 1024.0);
     free(ms);
     free(tok);
+    if (out) fclose(out);
+}
+
+/* splitmix64 (Steele et al. 2014) for the passkeys. */
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * -m passkey: llama.cpp's passkey retrieval (examples/passkey): an instruction, the filler repeated to the length,
+ * the key sentence at a relative depth, the question; plain completion, greedy, the first integer of the answer must
+ * equal the key. The prompt goes through the policy's cache exactly as in generation (chunked, bit-identical).
+ * Two-turn variant: a first and a second key at two depths; after the first answer, the same cache is asked for the
+ * second, nothing recomputed.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static const char PK_PREFIX[] = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
+                                "them. I will quiz you about the important information there.";
+static const char PK_FILLER[] = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+
+typedef struct { char *s; size_t n, cap; } Str;
+static void str_add(Str *b, const char *t) {
+    size_t k = strlen(t);
+    if (b->n + k + 1 > b->cap) {
+        b->cap = (b->n + k + 1) * 2;
+        b->s = realloc(b->s, b->cap);
+        if (!b->s) fatal("out of memory");
+    }
+    memcpy(b->s + b->n, t, k + 1);
+    b->n += k;
+}
+
+/* Encode text and append to ids (growing *cap). */
+static void encode_append(const Model *m, const char *text, int add_bos, int **ids, size_t *n, size_t *cap) {
+    int *t;
+    size_t nt;
+    char err[256];
+    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, strlen(text), add_bos, &t, &nt, err, sizeof err))
+        fatal("tokenizer: %s", err);
+    if (*n + nt > *cap) {
+        *cap = (*n + nt) * 2;
+        *ids = realloc(*ids, *cap * sizeof(int));
+        if (!*ids) fatal("out of memory");
+    }
+    memcpy(*ids + *n, t, nt * sizeof(int));
+    *n += nt;
+    free(t);
+}
+
+/* The prompt: n_junk fillers, key sentence(s) inserted before filler i_pos[k]. */
+static char *passkey_text(int n_junk, const int *i_pos, const int *keys, const char *const *names, int n_keys,
+                          const char *question) {
+    Str b = {0};
+    char line[256];
+    str_add(&b, PK_PREFIX);
+    for (int i = 0; i <= n_junk; i++) {
+        for (int k = 0; k < n_keys; k++)
+            if (i_pos[k] == i) {
+                snprintf(line, sizeof line, " The %spass key is %d. Remember it. %d is the %spass key.", names[k],
+                         keys[k], keys[k], names[k]);
+                str_add(&b, line);
+            }
+        if (i < n_junk) str_add(&b, PK_FILLER);
+    }
+    str_add(&b, question);
+    return b.s;
+}
+
+/* Greedy answer of up to max_new tokens; returns the first integer in it (-1 if none), text in buf. Feeds every
+ * generated token so the cache can continue. Returns -2 when the cache filled up. */
+static long passkey_answer(Model *m, PolicyRun *r, int *pos, int max_new, char *buf, size_t cap) {
+    TokenDecoder d;
+    tokdec_init(&d, &m->tokenizer);
+    size_t n = 0;
+    char piece[TOKDEC_OUT_MAX];
+    for (int k = 0; k < max_new; k++) {
+        int next = sample_argmax(r->s.logits, m->config.vocab_size);
+        if (tokenizer_is_eog(&m->tokenizer, next)) break;
+        size_t len = tokdec_push(&d, next, piece, sizeof piece);
+        if (n + len < cap) { memcpy(buf + n, piece, len); n += len; }
+        if (forward(m, &r->s, &r->cache, next, (*pos)++)) return -2;
+    }
+    buf[n] = 0;
+    const char *p = buf;
+    while (*p && (*p < '0' || *p > '9')) p++;
+    if (!*p) return -1;
+    return strtol(p, NULL, 10);
+}
+
+/* Prefill ids[0..n) from position *pos in chunks. 0, or -1 when the cache filled up. */
+static int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chunk) {
+    for (size_t i = 0; i < n; i += (size_t)chunk) {
+        int nt = n - i < (size_t)chunk ? (int)(n - i) : chunk;
+        if (forward_chunk(m, &r->s, &r->cache, ids + i, nt, *pos)) return -1;
+        *pos += nt;
+    }
+    /* forward_chunk leaves the chunk's logits in rows; the next token is predicted by the last one */
+    int last = (int)((n - 1) % (size_t)chunk);
+    if (last) memmove(r->s.logits, r->s.logits + (size_t)last * m->config.vocab_size,
+                      (size_t)m->config.vocab_size * sizeof(float));
+    return 0;
+}
+
+void run_passkey(Model *m, const Options *o) {
+    if (!m->has_tokenizer) fatal("passkey needs a model with a tokenizer");
+    int ctx = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
+    int chunk = o->chunk ? o->chunk : 32, n_keys_per_cell = 2;
+    int max_new = o->steps_set && o->steps ? o->steps : 8;
+    static const double depths[] = {0.0, 0.25, 0.5, 0.75, 1.0};
+    int n_depths = 5, lens[3] = {ctx / 4, ctx / 2, ctx};
+    int n_pol = o->n_kv ? o->n_kv : 1;
+    /* tokens per filler and the fixed part, measured with the model's tokenizer */
+    int *tmp = NULL;
+    size_t nt = 0, cap = 0;
+    encode_append(m, PK_FILLER, 0, &tmp, &nt, &cap);
+    int per_junk = (int)nt;
+    nt = 0;
+    encode_append(m, PK_PREFIX, 0, &tmp, &nt, &cap);
+    int fixed = (int)nt + 64;   /* prefix + key sentence + question + answer room */
+    free(tmp);
+    uint64_t rng = o->seed_set ? o->seed : 1;
+    Sha256 text_sha;
+    sha_init(&text_sha);
+    FILE *out = NULL;
+    if (o->out && !(out = fopen(o->out, "a"))) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    Provenance pv;
+    provenance_init(&pv, m, o, &text_sha);
+    fprintf(stderr, "passkey: lengths %d %d %d tokens, depths 0 .25 .5 .75 1, %d keys per cell, seed %llu\n",
+            lens[0], lens[1], lens[2], n_keys_per_cell, (unsigned long long)rng);
+    char answer[512];
+    for (int k = 0; k < n_pol; k++) {
+        PolicyRun r;
+        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "passkey");
+        fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");
+        for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.2f", depths[di]);
+        fprintf(stderr, "\n");
+        int total_ok = 0, total = 0;
+        for (int li = 0; li < 3; li++) {
+            int n_junk = (lens[li] - fixed) / per_junk;
+            if (n_junk < 1) n_junk = 1;
+            fprintf(stderr, "%8d", lens[li]);
+            for (int di = 0; di < n_depths; di++) {
+                int ok = 0;
+                for (int rep = 0; rep < n_keys_per_cell; rep++) {
+                    int key = 10000 + (int)(splitmix64(&rng) % 90000);
+                    int i_pos = (int)(depths[di] * n_junk + 0.5);
+                    const char *name = "";
+                    char *text = passkey_text(n_junk, &i_pos, &key, &name, 1, " What is the pass key? The pass key is");
+                    int *ids = NULL;
+                    size_t n = 0, c2 = 0;
+                    encode_append(m, text, m->tokenizer.add_bos, &ids, &n, &c2);
+                    kv_cache_reset(&r.cache);
+                    kv_set_prompt_len(&r.cache, (int)n);
+                    int pos = 0;
+                    long got = -2;
+                    if (prefill(m, &r, ids, n, &pos, chunk) == 0) got = passkey_answer(m, &r, &pos, max_new, answer, sizeof answer);
+                    ok += got == key;
+                    if (out) {
+                        fprintf(out, "{\"mode\":\"passkey\",\"kv\":\"");
+                        json_write_string_body(out, r.cache.spec.text);
+                        fprintf(out, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,"
+                                "\"answer\":%ld,\"correct\":%s,\"answer_text\":\"", r.cache.policy.budget, lens[li], n,
+                                depths[di], key, got, got == key ? "true" : "false");
+                        json_write_string_body(out, answer);
+                        fprintf(out, "\",");
+                        json_provenance(out, &pv);
+                        fprintf(out, "}\n");
+                    }
+                    free(ids);
+                    free(text);
+                }
+                fprintf(stderr, "    %d/%d", ok, n_keys_per_cell);
+                total_ok += ok;
+                total += n_keys_per_cell;
+            }
+            fprintf(stderr, "\n");
+        }
+        /* two turns: first key at depth 0.25, second at 0.75; one cache */
+        int two_ok[2] = {0, 0};
+        for (int rep = 0; rep < n_keys_per_cell; rep++) {
+            int n_junk = (lens[2] - fixed - 40) / per_junk;
+            if (n_junk < 2) n_junk = 2;
+            int keys[2] = {10000 + (int)(splitmix64(&rng) % 90000), 10000 + (int)(splitmix64(&rng) % 90000)};
+            int i_pos[2] = {n_junk / 4, 3 * n_junk / 4};
+            const char *names[2] = {"first ", "second "};
+            char *text = passkey_text(n_junk, i_pos, keys, names, 2, " What is the first pass key? The first pass key is");
+            int *ids = NULL;
+            size_t n = 0, c2 = 0;
+            encode_append(m, text, m->tokenizer.add_bos, &ids, &n, &c2);
+            kv_cache_reset(&r.cache);
+            kv_set_prompt_len(&r.cache, (int)n);
+            int pos = 0;
+            long a = -2, b = -2;
+            if (prefill(m, &r, ids, n, &pos, chunk) == 0) {
+                a = passkey_answer(m, &r, &pos, max_new, answer, sizeof answer);
+                n = 0;
+                encode_append(m, " What is the second pass key? The second pass key is", 0, &ids, &n, &c2);
+                if (a != -2 && prefill(m, &r, ids, n, &pos, chunk) == 0)
+                    b = passkey_answer(m, &r, &pos, max_new, answer, sizeof answer);
+            }
+            two_ok[0] += a == keys[0];
+            two_ok[1] += b == keys[1];
+            if (out) {
+                fprintf(out, "{\"mode\":\"passkey2\",\"kv\":\"");
+                json_write_string_body(out, r.cache.spec.text);
+                fprintf(out, "\",\"budget\":%d,\"length\":%d,\"keys\":[%d,%d],\"answers\":[%ld,%ld],",
+                        r.cache.policy.budget, lens[2], keys[0], keys[1], a, b);
+                json_provenance(out, &pv);
+                fprintf(out, "}\n");
+            }
+            free(ids);
+            free(text);
+        }
+        fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d\n",
+                r.cache.spec.text, total_ok, total, lens[2], two_ok[0], n_keys_per_cell, two_ok[1], n_keys_per_cell);
+        policy_run_free(&r);
+    }
     if (out) fclose(out);
 }

@@ -213,25 +213,29 @@ KVShape model_kv_shape(const Model *m, int seq_len) {
  * The forward pass
  * ------------------------------------------------------------------------------------------------------------- */
 
-int state_init(RunState *s, const Config *c) {
+int state_init_chunk(RunState *s, const Config *c, int n_max) {
     size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
-    size_t d = (size_t)c->dim > q ? (size_t)c->dim : q;
-    size_t n = 3 * d + 2 * (size_t)c->hidden_dim + q + 2 * kv + q + (size_t)c->vocab_size;
-    s->mem = calloc(n, sizeof(float));
+    size_t d = (size_t)c->dim > q ? (size_t)c->dim : q, n = (size_t)n_max;
+    size_t total = n * (3 * d + 2 * (size_t)c->hidden_dim + q + 2 * kv + q + (size_t)c->vocab_size);
+    memset(s, 0, sizeof *s);
+    s->mem = calloc(total, sizeof(float));
     if (!s->mem) return -1;
+    s->n_max = n_max;
     float *p = s->mem;
-    s->x = p; p += d;
-    s->xb = p; p += d;
-    s->xb2 = p; p += d;
-    s->hb = p; p += c->hidden_dim;
-    s->hb2 = p; p += c->hidden_dim;
-    s->q = p; p += q;
-    s->k = p; p += kv;
-    s->v = p; p += kv;
-    s->att = p; p += q;
+    s->x = p; p += n * d;
+    s->xb = p; p += n * d;
+    s->xb2 = p; p += n * d;
+    s->hb = p; p += n * c->hidden_dim;
+    s->hb2 = p; p += n * c->hidden_dim;
+    s->q = p; p += n * q;
+    s->k = p; p += n * kv;
+    s->v = p; p += n * kv;
+    s->att = p; p += n * q;
     s->logits = p;
     return 0;
 }
+
+int state_init(RunState *s, const Config *c) { return state_init_chunk(s, c, 1); }
 
 void state_free(RunState *s) { free(s->mem); s->mem = NULL; }
 
@@ -243,25 +247,44 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = w[i] * (r * x[i]);
 }
 
-/* One row: Σ_j w[j]·x[j], with 16 independent partial sums (one per vector lane) added in a fixed order, so the
- * compiler can vectorize it without -ffast-math and the result does not depend on the thread count. */
-static float dot_f32(const float *w, const float *x, int n) {
-    float acc[16] = {0};
+/* Σ_j w[j]·x_r[j] for 1 to 4 vectors x_r sharing one weight row: 16 independent partial sums per output (one per
+ * vector lane), then the tail, then the 16 sums in a fixed order. Every output follows the same order whatever
+ * NX is, so a token's result is bit-identical whether it is computed alone (decode) or in a chunk (batched
+ * evaluation), and on any number of threads; the compiler vectorizes it without -ffast-math. */
+#define DOT_LANES 16
+static inline void dot_f32_n(float *out, const float *w, const float *const *x, int NX, int n) {
+    float acc[4][DOT_LANES] = {{0}};
     int j = 0;
-    for (; j + 16 <= n; j += 16)
-        for (int k = 0; k < 16; k++) acc[k] += w[j + k] * x[j + k];
-    float s = 0;
-    for (; j < n; j++) s += w[j] * x[j];
-    for (int k = 0; k < 16; k++) s += acc[k];
-    return s;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int r = 0; r < NX; r++)
+            for (int k = 0; k < DOT_LANES; k++) acc[r][k] += w[j + k] * x[r][j + k];
+    for (int r = 0; r < NX; r++) {
+        float s = 0;
+        for (int jj = j; jj < n; jj++) s += w[jj] * x[r][jj];
+        for (int k = 0; k < DOT_LANES; k++) s += acc[r][k];
+        out[r] = s;
+    }
 }
 
-/* out (rows) = W (rows, cols) · x (cols). Rows are split over threads; each output is computed by one thread. */
-void matmul(float *out, const float *x, const float *W, int rows, int cols) {
+/* out (n, rows) = x (n, cols) · W (rows, cols)ᵀ: row i of out[t] is W_i · x_t. Rows are split over threads, each
+ * output computed by one thread; a weight row is read once per 4 tokens and stays in L1 across the chunk. */
+void matmul_n(float *out, const float *x, const float *W, int rows, int cols, int n) {
     /* small matrices stay on one thread: waking the team costs more than the work */
-    #pragma omp parallel for schedule(static) if ((size_t)rows * cols >= 65536)
-    for (int i = 0; i < rows; i++) out[i] = dot_f32(W + (size_t)i * cols, x, cols);
+    #pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= 65536)
+    for (int i = 0; i < rows; i++) {
+        const float *w = W + (size_t)i * cols;
+        for (int t = 0; t < n; t += 4) {
+            int nx = n - t < 4 ? n - t : 4;
+            const float *xs[4];
+            float o[4];
+            for (int r = 0; r < nx; r++) xs[r] = x + (size_t)(t + r) * cols;
+            dot_f32_n(o, w, xs, nx, cols);
+            for (int r = 0; r < nx; r++) out[(size_t)(t + r) * rows + i] = o[r];
+        }
+    }
 }
+
+void matmul(float *out, const float *x, const float *W, int rows, int cols) { matmul_n(out, x, W, rows, cols, 1); }
 
 static void timer_add(double *acc, double t0);
 double now_s(void) {
@@ -271,48 +294,81 @@ double now_s(void) {
 }
 static void timer_add(double *acc, double t0) { if (acc) *acc += now_s() - t0; }
 
-int forward(Model *m, RunState *s, KVCache *cache, int token, int pos) {
+/* The forward pass in three parts, so a teacher-forced stream can run a chunk of n tokens layer by layer (every
+ * policy is layer-local: its decisions at layer l depend only on layer l's attention). Matmuls are batched over the
+ * chunk; attention and the policy step token by token inside the layer, in position order, so the result is
+ * bit-identical to decoding the tokens one at a time. forward() is the n = 1 case. */
+
+void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0) {
+    int dim = m->config.dim;
+    s->n = n;
+    s->pos0 = pos0;
+    for (int t = 0; t < n; t++)
+        memcpy(s->x + (size_t)t * dim, m->w.token_embedding + (size_t)tokens[t] * dim, (size_t)dim * sizeof(float));
+}
+
+int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     const Config *c = &m->config;
-    const Weights *w = &m->w;
-    int dim = c->dim, hd = c->head_dim, q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
+    const LayerWeights *L = &m->w.layers[l];
+    int dim = c->dim, hd = c->head_dim, q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd, hid = c->hidden_dim;
+    int n = s->n;
     double t0;
-    memcpy(s->x, w->token_embedding + (size_t)token * dim, (size_t)dim * sizeof(float));
-    for (int l = 0; l < c->n_layers; l++) {
-        const LayerWeights *L = &w->layers[l];
-        /* attention block: xb = RMSNorm(x); q, k, v projections (before RoPE: the cache applies it per pos mode) */
-        rmsnorm(s->xb, s->x, L->attn_norm, dim, c->norm_eps);
+    /* attention block: xb = RMSNorm(x); q, k, v projections (before RoPE: the cache applies it per pos mode) */
+    for (int t = 0; t < n; t++)
+        rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+    t0 = now_s();
+    matmul_n(s->q, s->xb, L->wq, q_dim, dim, n);
+    matmul_n(s->k, s->xb, L->wk, kv_dim, dim, n);
+    matmul_n(s->v, s->xb, L->wv, kv_dim, dim, n);
+    timer_add(&s->t_matmul, t0);
+    /* per token: steps 1-2, evict if a lane is full and store k, v; steps 3-4, attend and show the policy */
+    for (int t = 0; t < n; t++) {
+        int pos = s->pos0 + t;
         t0 = now_s();
-        matmul(s->q, s->xb, L->wq, q_dim, dim);
-        matmul(s->k, s->xb, L->wk, kv_dim, dim);
-        matmul(s->v, s->xb, L->wv, kv_dim, dim);
-        timer_add(&s->t_matmul, t0);
-        /* steps 1-2: evict if a lane is full, store k and v; steps 3-4: attend, show the policy the probabilities */
-        t0 = now_s();
-        if (kv_append(cache, l, pos, s->k, s->v)) return -1;
-        kv_attend_cpu(cache, s->att, l, pos, s->q);
+        if (kv_append(cache, l, pos, s->k + (size_t)t * kv_dim, s->v + (size_t)t * kv_dim)) return -1;
+        kv_attend_cpu(cache, s->att + (size_t)t * q_dim, l, pos, s->q + (size_t)t * q_dim);
         timer_add(&s->t_attn, t0);
         if (s->after_attn) s->after_attn(s->hook_ctx, l, cache, pos);
-        /* x += Wo · att */
-        t0 = now_s();
-        matmul(s->xb2, s->att, L->wo, dim, q_dim);
-        for (int i = 0; i < dim; i++) s->x[i] += s->xb2[i];
-        /* SwiGLU feed-forward: x += W2 · (silu(W1 · xb) ⊙ W3 · xb), xb = RMSNorm(x) (Shazeer 2020) */
-        rmsnorm(s->xb, s->x, L->ffn_norm, dim, c->norm_eps);
-        matmul(s->hb, s->xb, L->w1, c->hidden_dim, dim);
-        matmul(s->hb2, s->xb, L->w3, c->hidden_dim, dim);
-        for (int i = 0; i < c->hidden_dim; i++) {
-            float g = s->hb[i];
-            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
-        }
-        matmul(s->xb, s->hb, L->w2, dim, c->hidden_dim);
-        for (int i = 0; i < dim; i++) s->x[i] += s->xb[i];
-        timer_add(&s->t_matmul, t0);
     }
-    rmsnorm(s->x, s->x, w->final_norm, dim, c->norm_eps);
+    /* x += Wo · att */
     t0 = now_s();
-    matmul(s->logits, s->x, w->classifier, c->vocab_size, dim);
+    matmul_n(s->xb2, s->att, L->wo, dim, q_dim, n);
+    for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb2[i];
+    /* SwiGLU feed-forward: x += W2 · (silu(W1 · xb) ⊙ W3 · xb), xb = RMSNorm(x) (Shazeer 2020) */
+    for (int t = 0; t < n; t++)
+        rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
+    matmul_n(s->hb, s->xb, L->w1, hid, dim, n);
+    matmul_n(s->hb2, s->xb, L->w3, hid, dim, n);
+    for (size_t i = 0; i < (size_t)n * hid; i++) {
+        float g = s->hb[i];
+        s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+    }
+    matmul_n(s->xb, s->hb, L->w2, dim, hid, n);
+    for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
     timer_add(&s->t_matmul, t0);
     return 0;
+}
+
+void forward_end(Model *m, RunState *s) {
+    const Config *c = &m->config;
+    int dim = c->dim;
+    for (int t = 0; t < s->n; t++)
+        rmsnorm(s->x + (size_t)t * dim, s->x + (size_t)t * dim, m->w.final_norm, dim, c->norm_eps);
+    double t0 = now_s();
+    matmul_n(s->logits, s->x, m->w.classifier, c->vocab_size, dim, s->n);
+    timer_add(&s->t_matmul, t0);
+}
+
+int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int n, int pos0) {
+    forward_begin(m, s, tokens, n, pos0);
+    for (int l = 0; l < m->config.n_layers; l++)
+        if (forward_layer(m, s, cache, l)) return -1;
+    forward_end(m, s);
+    return 0;
+}
+
+int forward(Model *m, RunState *s, KVCache *cache, int token, int pos) {
+    return forward_chunk(m, s, cache, &token, 1, pos);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -646,7 +702,9 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
     int ctx = o->ctx ? o->ctx : c->seq_len;
     char err[512];
     KVSpec spec;
-    if (kv_spec_parse(&spec, o->n_kv ? o->kv[0] : "full", o->kvt, err, sizeof err)) fatal("-kv: %s", err);
+    if (kv_spec_parse(&spec, o->n_kv ? o->kv[0] : "full", o->kvt, err, sizeof err) ||
+        kv_spec_check_mode(&spec, o->mode, err, sizeof err))
+        fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
     if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) fatal("-kv: %s", err);
     se->capacity = se->cache.policy.ops->evicts ? INT_MAX : se->cache.budget;
@@ -706,6 +764,7 @@ static int is_stop(const Model *m, int id, int extra_stop) {
  * Returns 1 when the cache filled up. */
 static int session_generate(Session *se, const IdList *prompt, int steps, int extra_stop, int feed_last) {
     double t0 = now_s();
+    kv_set_prompt_len(&se->cache, se->pos + (int)prompt->n);   /* snapkv compresses at the end of the first prompt */
     for (size_t i = 0; i < prompt->n; i++) {
         if (session_feed(se, prompt->ids[i]))
             fatal("the prompt needs more than the %d tokens the cache holds (-c); use a larger -c or an evicting "
@@ -749,7 +808,7 @@ static void print_summary(Session *se, const Options *o) {
     fprintf(stderr, "prompt %d tok (%.1f tok/s), generated %d tok, %.2f tok/s, kv %s budget %d: %.2f MiB allocated "
             "(formula 2*L*kvh*hd*tokens*bytes = %.2f MiB), %.2f MiB live, peak %.2f MiB; peak RSS %.1f MiB; device cpu\n",
             se->n_prompt, se->t_prompt > 0 ? se->n_prompt / se->t_prompt : 0, se->n_gen, tps, se->cache.spec.text,
-            se->cache.budget, b.total_alloc / 1048576.0, b.formula_alloc / 1048576.0, b.total_live / 1048576.0,
+            se->cache.policy.budget, b.total_alloc / 1048576.0, b.formula_alloc / 1048576.0, b.total_live / 1048576.0,
             b.peak_live / 1048576.0, peak_rss_kib() / 1024.0);
 }
 
@@ -863,10 +922,11 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
 /* The start line on stderr: model shape, the resolved policy and budget, seed, threads. */
 static void print_start(const Session *se, const Options *o) {
     const Config *c = &se->m->config;
-    fprintf(stderr, "run: %s: dim %d, %d layers, %d/%d heads, head_dim %d, vocab %d, ctx %d; kv '%s' budget %d "
-            "tokens per lane; seed %llu; threads %d\n", o->model_path, c->dim, c->n_layers, c->n_heads,
-            c->n_kv_heads, c->head_dim, c->vocab_size, c->seq_len, se->cache.spec.text,
-            se->cache.budget, (unsigned long long)se->seed,
+    char kvdesc[512];
+    kv_describe(&se->cache, kvdesc, sizeof kvdesc);
+    fprintf(stderr, "run: %s: dim %d, %d layers, %d/%d heads, head_dim %d, vocab %d, ctx %d; kv %s; seed %llu; "
+            "threads %d\n", o->model_path, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
+            c->seq_len, kvdesc, (unsigned long long)se->seed,
 #ifdef _OPENMP
             omp_get_max_threads()
 #else
@@ -993,8 +1053,7 @@ int main(int argc, char **argv) {
                           o.model_path);
     if (!strcmp(o.mode, "ppl")) { run_ppl(&m, &o); model_close(&m); return 0; }
     if (!strcmp(o.mode, "bench")) { run_bench(&m, &o); model_close(&m); return 0; }
-    if (!strcmp(o.mode, "passkey"))
-        fatal("-m %s is not yet available in this build", o.mode);
+    if (!strcmp(o.mode, "passkey")) { run_passkey(&m, &o); model_close(&m); return 0; }
     if (o.ctx > m.config.seq_len)
         fprintf(stderr, "run: note: -c %d is past the trained context of %d tokens\n", o.ctx, m.config.seq_len);
     uint64_t seed = o.seed_set ? o.seed : (uint64_t)time(NULL);

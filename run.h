@@ -63,19 +63,21 @@ typedef struct {
     int vocab_only;                 /* 1: a --vocab-only file, no layers */
 } Model;
 
-/* Activations of one decode step: one allocation, carved into named buffers. */
+/* Activations of n tokens (n <= n_max; decode has n_max = 1): one allocation, carved into named buffers. Row t
+ * of each buffer belongs to the token at position pos0 + t. */
 typedef struct {
-    float *x;       /* (dim) residual stream */
-    float *xb;      /* (max(dim, q_dim)) */
-    float *xb2;     /* (max(dim, q_dim)) */
-    float *hb;      /* (hidden_dim) */
-    float *hb2;     /* (hidden_dim) */
-    float *q;       /* (n_heads * head_dim) */
-    float *k;       /* (n_kv_heads * head_dim) */
-    float *v;       /* (n_kv_heads * head_dim) */
-    float *att;     /* (n_heads * head_dim) attention output */
-    float *logits;  /* (vocab_size) */
+    float *x;       /* (n_max, dim) residual stream */
+    float *xb;      /* (n_max, dim) normed input of a block; later the FFN output */
+    float *xb2;     /* (n_max, dim) attention block output */
+    float *hb;      /* (n_max, hidden_dim) */
+    float *hb2;     /* (n_max, hidden_dim) */
+    float *q;       /* (n_max, n_heads * head_dim) */
+    float *k;       /* (n_max, n_kv_heads * head_dim) */
+    float *v;       /* (n_max, n_kv_heads * head_dim) */
+    float *att;     /* (n_max, n_heads * head_dim) attention output */
+    float *logits;  /* (n_max, vocab_size) */
     float *mem;
+    int n_max, n, pos0;
     double t_matmul, t_attn;   /* seconds spent, accumulated over calls */
     /* Called after layer l attended at position pos (the evaluation reads attention probabilities here); NULL = none */
     void (*after_attn)(void *ctx, int l, const KVCache *cache, int pos);
@@ -113,13 +115,24 @@ void model_close(Model *m);
 /* The cache geometry of the model with a context of seq_len tokens. */
 KVShape model_kv_shape(const Model *m, int seq_len);
 
-int state_init(RunState *s, const Config *c);
+int state_init(RunState *s, const Config *c);                 /* n_max = 1 */
+int state_init_chunk(RunState *s, const Config *c, int n_max); /* room for chunks of n_max tokens */
 void state_free(RunState *s);
 /* out (rows) = W (rows, cols) · x (cols), f32, rows split over threads (results independent of the thread count). */
 void matmul(float *out, const float *x, const float *W, int rows, int cols);
+/* out (n, rows) = x (n, cols) · Wᵀ: the same per-output arithmetic as matmul, for n tokens at once. */
+void matmul_n(float *out, const float *x, const float *W, int rows, int cols, int n);
 /* One decode step of the token at position pos through every layer, with the cache's policy; logits in s->logits.
  * Returns 0, or -1 when a lane is full and the policy cannot evict (full past its context). */
 int forward(Model *m, RunState *s, KVCache *cache, int token, int pos);
+/* The same for n teacher-forced tokens at positions pos0.. (n <= s->n_max), layer by layer: matmuls batched, the
+ * attention and the policy stepped token by token inside each layer. Bit-identical to n calls of forward() for
+ * layer-local policies. Logits of token t in s->logits + t * vocab_size. */
+int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int n, int pos0);
+/* forward_chunk's parts, for running several caches in lockstep layer by layer (the evaluation's shadow). */
+void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0);
+int forward_layer(Model *m, RunState *s, KVCache *cache, int l);
+void forward_end(Model *m, RunState *s);
 
 int sampler_init(Sampler *sp, int vocab_size, float temperature, float topp, uint64_t seed);
 void sampler_free(Sampler *sp);
@@ -142,6 +155,7 @@ char *read_file(const char *path, size_t *len);
 /* Evaluation modes (eval.c). */
 void run_ppl(Model *m, const Options *o);
 void run_bench(Model *m, const Options *o);
+void run_passkey(Model *m, const Options *o);
 void json_write_string_body(FILE *f, const char *s);
 int run_errorf(char *err, size_t errlen, const char *fmt, ...);
 

@@ -256,7 +256,13 @@ static Doc tokenize_doc(const Model *m, const char *path, Sha256 *text_sha) {
     char *text = read_file(path, &len), err[256];
     sha_update(text_sha, text, len);
     Doc d = {0};
-    if (!m->has_tokenizer) fatal("ppl needs a model with a tokenizer");
+    if (!m->has_tokenizer) {   /* an ids-only model reads token ids, as detokenize does */
+        if (strlen(text) != len || ids_parse(text, m->config.vocab_size, &d.ids, &d.n, err, sizeof err))
+            fatal("'%s': an ids-only model reads whitespace-separated token ids: %s", path,
+                  strlen(text) != len ? "the file holds a NUL byte" : err);
+        free(text);
+        return d;
+    }
     if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, len, m->tokenizer.add_bos, &d.ids, &d.n, err,
                          sizeof err))
         fatal("tokenizer: %s", err);
@@ -373,7 +379,7 @@ static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, 
         for (size_t ch = 0; ch < n_chunks; ch++) {
             const int *tok = docs[d].ids + ch * n_ctx;
             memcpy(in, tok, (size_t)n_ctx * sizeof(int));
-            if (m->tokenizer.add_bos) in[0] = m->tokenizer.bos_id;
+            if (m->has_tokenizer && m->tokenizer.add_bos) in[0] = m->tokenizer.bos_id;
             for (int k = 0; k < n_runs; k++) {
                 PolicyRun *r = &runs[k];
                 kv_cache_reset(&r->cache);

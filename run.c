@@ -651,6 +651,14 @@ static int parse_ids(const char *text, int vocab, IdList *out, char *err, size_t
     }
 }
 
+int ids_parse(const char *text, int vocab, int **ids, size_t *n, char *err, size_t errlen) {
+    IdList l = {0};
+    if (parse_ids(text, vocab, &l, err, errlen)) { free(l.ids); return -1; }
+    *ids = l.ids;
+    *n = l.n;
+    return 0;
+}
+
 /* The engine state of one generation: model, cache, sampler, the token stream so far. */
 typedef struct {
     Model *m;

@@ -142,6 +142,8 @@ int sample_argmax(const float *logits, int n);
 /* Strict number parsing: the whole string, in [lo, hi]. 0, or -1. */
 int parse_long(const char *s, long lo, long hi, long *out);
 int parse_float(const char *s, double lo, double hi, double *out);
+/* Whitespace-separated decimal token ids, each in [0, vocab). *ids malloc'd. 0, or -1 + message naming the bad id. */
+int ids_parse(const char *text, int vocab, int **ids, size_t *n, char *err, size_t errlen);
 /* The command line (DESIGN.md's CLI). 0, or -1 + message naming the bad flag or value. Never exits. */
 int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen);
 void usage(FILE *f);

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The evaluation's methodology on a tiny random model (ids-only: -f files hold token ids):
+#  - batched evaluation (-chunk N) is bit-identical to token-by-token for every layer-local policy, on 1 and 2 threads;
+#  - streaming `full` over one n_ctx chunk gives the chunked (llama-perplexity) mode's NLL on the second half;
+#  - perplexity pools NLL over documents (10 and 1,000 tokens);
+#  - every cache and score restarts between documents (H2O's scores from document A never reach document B);
+#  - empty, one-token input and snapkv without prefill= in ppl are errors.
+set -u
+cd "$(dirname "$0")/.."
+tmp=tests/tmp/eval; rm -rf "$tmp"; mkdir -p "$tmp"
+pass() { echo "PASS $*"; }
+fail() { echo "FAIL $*"; }
+
+./export --random "$tmp/m.bin" --dim 64 --hidden 160 --layers 3 --heads 8 --kv-heads 2 --vocab 211 --seq 96 \
+    --seed 5 >/dev/null 2>&1 || fail "export --random"
+M=$tmp/m.bin
+ids() { awk -v n="$1" -v s="$2" 'BEGIN { srand(s); for (i = 0; i < n; i++) printf "%d ", int(rand() * 211); print "" }'; }
+ids 300 1 >"$tmp/a.txt"
+ids 10 2 >"$tmp/d10.txt"
+ids 1000 3 >"$tmp/d1000.txt"
+
+# nll_sum LOG POLICY [DOC] [FROM_POS]: Σ and count of the policy's NLL in a -tokenlog, from position FROM_POS on
+nll_sum() {
+    awk -v pol="\"kv\":\"$2\"" -v doc="${3:-}" -v from="${4:-0}" '
+        { if (doc != "" && index($0, "{\"doc\":" doc ",") != 1) next
+          match($0, /"pos":[0-9]+/); p = substr($0, RSTART + 6, RLENGTH - 6) + 0
+          if (p < from) next
+          key = pol ",\"nll\":"; i = index($0, key); if (!i) next
+          rest = substr($0, i + length(key)); if (!match(rest, /^[-0-9.e+]+/)) next
+          s += substr(rest, 1, RLENGTH); n++ }
+        END { printf "%.12g %d\n", s, n }' "$1"
+}
+
+POLS=(-kv full -kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12 -kv tova:12,per=layer
+      -kv scissorhands:12 -kv lru:12 -kv random:12 -kv window:12,pos=cache -kv sink:12,type=q8 -kv h2o:12,type=q4,residual=3)
+# --- batched == token by token, 1 == 2 threads ---
+OMP_NUM_THREADS=2 ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" -chunk 1 -tokenlog "$tmp/c1.jsonl" 2>"$tmp/err1"
+rc1=$?
+for c in 5 64; do
+    for th in 1 2; do
+        OMP_NUM_THREADS=$th ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" -chunk $c \
+            -tokenlog "$tmp/c$c.t$th.jsonl" 2>"$tmp/err"
+        if [ $rc1 -eq 0 ] && cmp -s "$tmp/c1.jsonl" "$tmp/c$c.t$th.jsonl"; then
+            pass "ppl -chunk $c on $th thread(s): per-token NLL and KL bit-identical to token-by-token for $((${#POLS[@]} / 2)) policies"
+        else fail "ppl -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -2 "$tmp/err" "$tmp/err1")"; fi
+    done
+done
+if grep -q '"kv":"window:12","nll":[0-9.]*,"kl":0.[0-9]*[1-9]' "$tmp/c1.jsonl"; then pass "window:12 has non-zero KL against the shadow"
+else fail "window:12 shows no KL: is the shadow compared?"; fi
+want=$(nll_sum "$tmp/c1.jsonl" shadow); got=$(nll_sum "$tmp/c1.jsonl" full)
+if [ "$want" = "$got" ]; then pass "-kv full equals the shadow bit for bit on the span ($got)"; else fail "full '$got' vs shadow '$want'"; fi
+
+# --- streaming full over one chunk == chunked mode's second half ---
+head -c 100000 "$tmp/a.txt" | tr ' ' '\n' | head -128 | xargs >"$tmp/two.txt"
+tr ' ' '\n' <"$tmp/two.txt" | head -64 | xargs >"$tmp/ch1.txt"
+tr ' ' '\n' <"$tmp/two.txt" | sed -n 65,128p | xargs >"$tmp/ch2.txt"
+./run "$M" -m ppl -ppl-mode chunked -c 64 -f "$tmp/two.txt" -o "$tmp/chunked.jsonl" 2>"$tmp/err"
+./run "$M" -m ppl -c 64 -f "$tmp/ch1.txt" -f "$tmp/ch2.txt" -tokenlog "$tmp/stream.jsonl" 2>>"$tmp/err"
+read -r s1 n1 < <(nll_sum "$tmp/stream.jsonl" shadow 0 32)
+read -r s2 n2 < <(nll_sum "$tmp/stream.jsonl" shadow 1 32)
+chunked=$(grep -o '"all_nll":[-0-9.e+]*' "$tmp/chunked.jsonl" | cut -d: -f2)
+cn=$(grep -o '"all_tokens":[0-9]*' "$tmp/chunked.jsonl" | cut -d: -f2)
+if awk -v a="$s1" -v b="$s2" -v n1="$n1" -v n2="$n2" -v c="$chunked" -v cn="$cn" \
+        'BEGIN { m = (a + b) / (n1 + n2); d = m - c; if (d < 0) d = -d; exit !(cn == n1 + n2 && d <= 1e-8 * (m < 0 ? -m : m)) }'; then
+    pass "streaming full over each 64-token chunk gives the chunked mode's NLL on the second halves ($cn tokens)"
+else fail "chunked $chunked ($cn) vs streamed ($s1 + $s2)/($n1 + $n2): $(tail -3 "$tmp/err")"; fi
+
+# --- pooled NLL over documents of 10 and 1,000 tokens; state reset between documents ---
+./run "$M" -m ppl -c 96 -kv h2o:16 -f "$tmp/d10.txt" -f "$tmp/d1000.txt" -o "$tmp/pool.jsonl" -tokenlog "$tmp/pool_t.jsonl" 2>"$tmp/err"
+./run "$M" -m ppl -c 96 -kv h2o:16 -f "$tmp/d10.txt" -o "$tmp/p10.jsonl" 2>>"$tmp/err"
+./run "$M" -m ppl -c 96 -kv h2o:16 -f "$tmp/d1000.txt" -o "$tmp/p1000.jsonl" -tokenlog "$tmp/p1000_t.jsonl" 2>>"$tmp/err"
+field() { grep "\"kv\":\"$2\"" "$1" | grep -o "\"$3\":[-0-9.e+]*" | cut -d: -f2; }
+if awk -v a="$(field "$tmp/p10.jsonl" h2o:16 all_nll)" -v na="$(field "$tmp/p10.jsonl" h2o:16 all_tokens)" \
+       -v b="$(field "$tmp/p1000.jsonl" h2o:16 all_nll)" -v nb="$(field "$tmp/p1000.jsonl" h2o:16 all_tokens)" \
+       -v p="$(field "$tmp/pool.jsonl" h2o:16 all_nll)" -v np="$(field "$tmp/pool.jsonl" h2o:16 all_tokens)" \
+       'BEGIN { m = (a * na + b * nb) / (na + nb); d = m - p; if (d < 0) d = -d; exit !(na == 9 && nb == 999 && np == 1008 && d <= 1e-8 * m) }'; then
+    pass "perplexity pools NLL over documents of 10 and 1,000 tokens (9 + 999 scored)"
+else fail "pooled NLL: $(cat "$tmp/pool.jsonl" "$tmp/p10.jsonl" "$tmp/p1000.jsonl" | grep -o '"all_[a-z]*":[-0-9.e+]*' | xargs)"; fi
+a=$(grep '"doc":1,' "$tmp/pool_t.jsonl" | sed 's/"doc":1,//'); b=$(sed 's/"doc":0,//' "$tmp/p1000_t.jsonl")
+if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "state resets between documents: document B scores identically after A (h2o:16)"
+else fail "document B depends on document A"; fi
+
+# --- errors ---
+: >"$tmp/empty.txt"; echo 5 >"$tmp/one.txt"
+for f in empty one; do
+    ./run "$M" -m ppl -f "$tmp/$f.txt" >/dev/null 2>"$tmp/err"; rc=$?
+    if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "perplexity needs at least 2" "$tmp/err"; then pass "ppl on $f input: $(cat "$tmp/err")"
+    else fail "ppl on $f input: rc $rc $(cat "$tmp/err")"; fi
+done
+./run "$M" -m ppl -f "$tmp/a.txt" -kv snapkv:16 >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "prefill" "$tmp/err"; then pass "snapkv in ppl without prefill=: $(cat "$tmp/err")"
+else fail "snapkv without prefill=: rc $rc $(cat "$tmp/err")"; fi
+./run "$M" -m ppl -f "$tmp/a.txt" -kv snapkv:40,obs=8,prefill=60 -kv h2o:16 -chunk 7 -tokenlog "$tmp/s7.jsonl" >/dev/null 2>"$tmp/err" &&
+./run "$M" -m ppl -f "$tmp/a.txt" -kv snapkv:40,obs=8,prefill=60 -kv h2o:16 -chunk 1 -tokenlog "$tmp/s1.jsonl" >/dev/null 2>>"$tmp/err"
+if cmp -s "$tmp/s1.jsonl" "$tmp/s7.jsonl"; then pass "snapkv:40,obs=8,prefill=60: -chunk 7 bit-identical to token-by-token"
+else fail "snapkv chunked differs: $(tail -2 "$tmp/err")"; fi
+exit 0

@@ -6,7 +6,7 @@
 #
 # usage: tools/fuzz.sh [-t SECONDS] [-r RUNS] [--build-only] [--merge] [TARGET...]
 #   -t SECONDS   time per target (default 60); -r RUNS: stop a target after RUNS executions (default: no limit)
-#   --merge      afterwards, add the inputs that found new coverage to tests/fuzz/corpus/TARGET
+#   --merge      afterwards, rewrite tests/fuzz/corpus/TARGET as a minimal set of inputs covering every edge found
 #   TARGET       model gguf tokenizer encode kvspec cli (default: all)
 # Crashes land in build/fuzz/crashes/TARGET/; logs (execution counts) in build/fuzz/logs/TARGET.log.
 # Extra seeds (never committed): FUZZ_EXTRA_SEEDS=DIR adds DIR/TARGET/* to a run.
@@ -72,8 +72,12 @@ for t in "${targets[@]}"; do
     fi
     grep -E "^stat::number_of_executed_units|^Done" $B/logs/$t.log | tr '\n' ' '; echo
     if [ $merge = 1 ]; then
-        KVLAB_FUZZ_VOCABS=$B/seeds/vocabs $B/fuzz_$t -merge=1 -rss_limit_mb=2048 tests/fuzz/corpus/$t $B/work/$t \
-            $B/seeds/$t >>$B/logs/$t.merge.log 2>&1
+        # edges only (-use_counters=0): a small regression corpus that keeps every covered edge; the full working
+        # corpus stays in build/fuzz/work for the next run
+        rm -rf $B/merged/$t; mkdir -p $B/merged/$t
+        KVLAB_FUZZ_VOCABS=$B/seeds/vocabs $B/fuzz_$t -merge=1 -use_counters=0 -rss_limit_mb=2048 $B/merged/$t \
+            tests/fuzz/corpus/$t $B/work/$t $B/seeds/$t >$B/logs/$t.merge.log 2>&1
+        rm -rf tests/fuzz/corpus/$t; mv $B/merged/$t tests/fuzz/corpus/$t
         echo "fuzz.sh: $t corpus now $(ls tests/fuzz/corpus/$t | wc -l) files, $(du -sk tests/fuzz/corpus/$t | cut -f1) KiB"
     fi
 done

@@ -1,5 +1,7 @@
 # kvlab: `make` builds ./run and ./export; `make test` runs every test (no GPU needed); `make model` fetches and
-# exports SmolLM2-135M-Instruct; `make debug` builds with AddressSanitizer + UndefinedBehaviorSanitizer.
+# exports SmolLM2-135M-Instruct; `make debug` builds with AddressSanitizer + UndefinedBehaviorSanitizer into
+# build/debug, `make test-debug` runs the whole test suite on that build (any sanitizer report fails it);
+# `make fuzz` runs the libFuzzer targets (tools/fuzz.sh; FUZZ_SECONDS per target).
 CC      ?= cc
 OPT     ?= -O3 -march=native
 CFLAGS  ?= $(OPT) -g -Wall -Wextra -Wno-unused-parameter -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
@@ -8,22 +10,26 @@ LDLIBS  := -lm
 GIT     := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 CFLAGS  += -DKVLAB_GIT='"$(GIT)"'
 BUILD   ?= build
+OUT     ?= .
+TESTBIN ?= tests/bin
 
 # The engine's objects, shared by ./run, ./export and the tests. run.c and export.c are also compiled with
 # KVLAB_NO_MAIN so tests can call their loaders and parsers.
 ENGINE  := kv policies tokenizer eval
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
 LIB_O   := $(ENGINE_O) $(BUILD)/run_lib.o $(BUILD)/export_lib.o
-TESTS   := $(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c))
+TESTS   := $(patsubst tests/%.c,$(TESTBIN)/%,$(wildcard tests/test_*.c))
+# each fuzz target also builds with an ordinary main (tests/fuzz/replay_main.c) that replays files through it
+REPLAYS := $(patsubst tests/fuzz/fuzz_%.c,$(TESTBIN)/replay_%,$(wildcard tests/fuzz/fuzz_*.c))
 HDRS    := $(wildcard *.h)
 
-.PHONY: all test debug model clean bench
-all: run export
+.PHONY: all test debug test-debug fuzz model clean bench
+all: $(OUT)/run $(OUT)/export
 	@echo "kvlab: built ./run and ./export (CPU$(if $(OMP), + OpenMP,); CUDA: not built)"
 
-run: $(ENGINE_O) $(BUILD)/run.o
+$(OUT)/run: $(ENGINE_O) $(BUILD)/run.o
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)
-export: $(BUILD)/export.o
+$(OUT)/export: $(BUILD)/export.o
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(HDRS) | $(BUILD)
@@ -33,16 +39,32 @@ $(BUILD)/%_lib.o: %.c $(HDRS) | $(BUILD)
 $(BUILD):
 	mkdir -p $@
 
-tests/bin/%: tests/%.c $(LIB_O) tests/check.h | tests/bin
+$(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
-tests/bin:
+$(TESTBIN)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(LIB_O) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< tests/fuzz/replay_main.c $(LIB_O) $(LDLIBS)
+$(TESTBIN):
 	mkdir -p $@
 
-test: all $(TESTS)
-	tests/run.sh tests/bin
+# the shell tests run $KVLAB_RUN and $KVLAB_EXPORT (./run and ./export by default)
+test: all $(TESTS) $(REPLAYS)
+	KVLAB_RUN=$(OUT)/run KVLAB_EXPORT=$(OUT)/export tests/run.sh $(TESTBIN)
 
+# Sanitizer build: everything (./run, ./export, tests) in build/debug; any report (leaks included) aborts the
+# process (SIGABRT, so a bad-input test that expects an ordinary error exit fails too).
+# KVLAB_SANITIZE=1 lets the tests skip the SmolLM2 goldens (minutes under ASan; the normal build runs them).
+DEBUG_VARS := BUILD=build/debug OUT=build/debug TESTBIN=build/debug/tests \
+              OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
 debug:
-	$(MAKE) BUILD=build/debug OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined" run export
+	$(MAKE) $(DEBUG_VARS) all
+test-debug:
+	ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 KVLAB_SANITIZE=$${KVLAB_SANITIZE-1} \
+	$(MAKE) $(DEBUG_VARS) test
+
+FUZZ_SECONDS ?= 600
+fuzz: all
+	tools/fuzz.sh -t $(FUZZ_SECONDS)
 
 model: all models/smollm2-135m-instruct.bin
 models/smollm2-135m-instruct.bin: | export

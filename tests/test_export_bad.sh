@@ -5,9 +5,10 @@
 set -u
 cd "$(dirname "$0")/.."
 bin=${1:-tests/bin}
+EXPORT=${KVLAB_EXPORT:-./export}   # make test-debug runs the sanitizer build
 d=tests/tmp/export_bad
 rm -rf "$d"; mkdir -p "$d"
-if [ ! -x ./export ] || [ ! -x "$bin/test_export" ]; then
+if [ ! -x "$EXPORT" ] || [ ! -x "$bin/test_export" ]; then
     echo "FAIL export_bad: needs ./export and $bin/test_export (make export test)"; exit 1
 fi
 "$bin/test_export" --write-cases "$d" || { echo "FAIL export_bad: could not write the cases"; exit 1; }
@@ -18,7 +19,7 @@ fails=0
 expect() {
     local name=$1 words=$2; shift 2
     local out rc
-    out=$(./export "$@" 2>&1 >/dev/null); rc=$?
+    out=$("$EXPORT" "$@" 2>&1 >/dev/null); rc=$?
     if [ $rc -eq 1 ] && printf '%s' "$out" | grep -qiE -- "$words" && ! printf '%s' "$out" | grep -q "Sanitizer"; then
         echo "PASS export rejects $name: $(printf '%s' "$out" | head -1)"
     else
@@ -31,7 +32,7 @@ expect() {
 o=$d/out.bin
 
 # the unmodified file works (so each failure below is the corruption's doing)
-if ./export "$d/good.gguf" "$o" 2>/dev/null && [ -s "$o" ]; then echo "PASS export accepts the uncorrupted tiny GGUF"
+if "$EXPORT" "$d/good.gguf" "$o" 2>/dev/null && [ -s "$o" ]; then echo "PASS export accepts the uncorrupted tiny GGUF"
 else echo "FAIL export accepts the uncorrupted tiny GGUF"; fails=$((fails + 1)); fi
 rm -f "$o"
 
@@ -83,7 +84,7 @@ if [ -f "$real_tok" ] && [ -f "$real_ck" ]; then
 else
     echo "SKIP stories260K + llama2-tokenizer.bin: files not present"
 fi
-if ./export --llama2c "$d/l2c.bin" --tokenizer "$d/tok12.bin" "$o" 2>/dev/null && [ -s "$o" ]; then
+if "$EXPORT" --llama2c "$d/l2c.bin" --tokenizer "$d/tok12.bin" "$o" 2>/dev/null && [ -s "$o" ]; then
     echo "PASS export accepts the uncorrupted llama2.c checkpoint and tokenizer"
 else echo "FAIL export accepts the uncorrupted llama2.c checkpoint and tokenizer"; fails=$((fails + 1)); fi
 rm -f "$o"

@@ -6,6 +6,7 @@
 set -u
 cd "$(dirname "$0")/.."
 bin=${1:-tests/bin}
+EXPORT=${KVLAB_EXPORT:-./export}
 data=../shared/data/vocab
 gold=tests/golden/tokenizer
 mkdir -p tests/tmp
@@ -15,7 +16,7 @@ for v in gpt-2:gpt2 llama-spm:llama-spm; do
     gguf=$data/ggml-vocab-$src.gguf
     if [ ! -f "$gguf" ]; then echo "SKIP tokenizer $name: $gguf not found"; continue; fi
     out=tests/tmp/vocab-$name.bin
-    if ! ./export --vocab-only "$gguf" "$out" >tests/tmp/export-$name.log 2>&1; then
+    if ! "$EXPORT" --vocab-only "$gguf" "$out" >tests/tmp/export-$name.log 2>&1; then
         echo "FAIL tokenizer $name: ./export --vocab-only $gguf failed: $(tail -1 tests/tmp/export-$name.log)"
         rc=1; continue
     fi

@@ -25,7 +25,7 @@ HDRS    := $(wildcard *.h)
 
 .PHONY: all test debug test-debug fuzz model clean bench
 all: $(OUT)/run $(OUT)/export
-	@echo "kvlab: built ./run and ./export (CPU$(if $(OMP), + OpenMP,); CUDA: not built)"
+	@echo "kvlab: built $(OUT)/run and $(OUT)/export (CPU$(if $(OMP), + OpenMP,); CUDA: not built)"
 
 $(OUT)/run: $(ENGINE_O) $(BUILD)/run.o
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "export.h"
+#include "kv.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Errors and small helpers */
@@ -48,29 +49,9 @@ static float rd_f16(const uint8_t *p) { return export_f16_to_f32(rd_u16(p)); }
 /* ---------------------------------------------------------------------------------------------------------------
  * f16 / bf16 */
 
-float export_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
-    float f;
-    if (e == 0x1f) {
-        bits = sign | 0x7f800000u | (m << 13);          /* inf, or NaN with its payload kept */
-    } else if (e != 0) {
-        bits = sign | ((e + 127 - 15) << 23) | (m << 13);
-    } else {
-        /* zero or subnormal: m * 2^-24 is exact in f32 (m < 2^10, and 2^-24 is far above f32's smallest normal) */
-        f = (float)m * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    }
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-float export_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;   /* bf16 is the top half of an f32 */
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+/* One copy of each conversion: kv.h's, which the KV cache's f16/bf16 storage uses too. */
+float export_f16_to_f32(uint16_t h) { return kv_f16_to_f32(h); }
+float export_bf16_to_f32(uint16_t h) { return kv_bf16_to_f32(h); }
 
 /* ---------------------------------------------------------------------------------------------------------------
  * ggml types and dequantization.

@@ -704,6 +704,25 @@ static int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, i
     return 0;
 }
 
+/* Ask one question: encode text (a new document when `fresh`: cache reset, BOS per the model, the prompt end told
+ * to the policy), prefill it from *pos, answer greedily. Returns the answer's first integer, -1 if none, -2 if the
+ * cache filled up; *n_prompt = the tokens prefilled. */
+static long passkey_ask(Model *m, PolicyRun *r, const char *text, int fresh, int *pos, int chunk, int max_new,
+                        char *answer, size_t cap, size_t *n_prompt) {
+    int *ids = NULL;
+    size_t n = 0, c2 = 0;
+    encode_append(m, text, fresh && m->tokenizer.add_bos, &ids, &n, &c2);
+    if (fresh) {
+        kv_cache_reset(&r->cache);
+        kv_set_prompt_len(&r->cache, (int)n);
+        *pos = 0;
+    }
+    *n_prompt = n;
+    long got = prefill(m, r, ids, n, pos, chunk) == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : -2;
+    free(ids);
+    return got;
+}
+
 void run_passkey(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("passkey needs a model with a tokenizer");
     int ctx = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
@@ -749,14 +768,9 @@ void run_passkey(Model *m, const Options *o) {
                     int i_pos = (int)(depths[di] * n_junk + 0.5);
                     const char *name = "";
                     char *text = passkey_text(n_junk, &i_pos, &key, &name, 1, " What is the pass key? The pass key is");
-                    int *ids = NULL;
-                    size_t n = 0, c2 = 0;
-                    encode_append(m, text, m->tokenizer.add_bos, &ids, &n, &c2);
-                    kv_cache_reset(&r.cache);
-                    kv_set_prompt_len(&r.cache, (int)n);
                     int pos = 0;
-                    long got = -2;
-                    if (prefill(m, &r, ids, n, &pos, chunk) == 0) got = passkey_answer(m, &r, &pos, max_new, answer, sizeof answer);
+                    size_t n;
+                    long got = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n);
                     ok += got == key;
                     if (out) {
                         fprintf(out, "{\"mode\":\"passkey\",\"kv\":\"");
@@ -769,7 +783,6 @@ void run_passkey(Model *m, const Options *o) {
                         json_provenance(out, &pv);
                         fprintf(out, "}\n");
                     }
-                    free(ids);
                     free(text);
                 }
                 fprintf(stderr, "    %d/%d", ok, n_keys_per_cell);
@@ -787,20 +800,12 @@ void run_passkey(Model *m, const Options *o) {
             int i_pos[2] = {n_junk / 4, 3 * n_junk / 4};
             const char *names[2] = {"first ", "second "};
             char *text = passkey_text(n_junk, i_pos, keys, names, 2, " What is the first pass key? The first pass key is");
-            int *ids = NULL;
-            size_t n = 0, c2 = 0;
-            encode_append(m, text, m->tokenizer.add_bos, &ids, &n, &c2);
-            kv_cache_reset(&r.cache);
-            kv_set_prompt_len(&r.cache, (int)n);
             int pos = 0;
-            long a = -2, b = -2;
-            if (prefill(m, &r, ids, n, &pos, chunk) == 0) {
-                a = passkey_answer(m, &r, &pos, max_new, answer, sizeof answer);
-                n = 0;
-                encode_append(m, " What is the second pass key? The second pass key is", 0, &ids, &n, &c2);
-                if (a != -2 && prefill(m, &r, ids, n, &pos, chunk) == 0)
-                    b = passkey_answer(m, &r, &pos, max_new, answer, sizeof answer);
-            }
+            size_t n;
+            long a = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n), b = -2;
+            if (a != -2)   /* the same cache, continued: nothing recomputed */
+                b = passkey_ask(m, &r, " What is the second pass key? The second pass key is", 0, &pos, chunk, max_new,
+                                answer, sizeof answer, &n);
             two_ok[0] += a == keys[0];
             two_ok[1] += b == keys[1];
             if (out) {
@@ -811,7 +816,6 @@ void run_passkey(Model *m, const Options *o) {
                 json_provenance(out, &pv);
                 fprintf(out, "}\n");
             }
-            free(ids);
             free(text);
         }
         fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d\n",

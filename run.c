@@ -866,6 +866,14 @@ static int chatml_default_system(const Model *m, char *buf, size_t cap) {
     return 1;
 }
 
+/* Llama 3's "<|start_header_id|>ROLE<|end_header_id|>\n\n". */
+static void llama3_header(IdList *l, const Model *m, const char *role) {
+    ids_append_special(l, m, "<|start_header_id|>");
+    ids_append_text(l, m, role);
+    ids_append_special(l, m, "<|end_header_id|>");
+    ids_append_text(l, m, "\n\n");
+}
+
 /* Append one user turn (and, first, the system turn) in the model's chat format, ending where the assistant's
  * answer begins. Special markers are inserted as their ids; user text is encoded as plain text. Returns the id that
  * ends the assistant's turn (-1 if only EOS does). */
@@ -888,27 +896,16 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
         ids_append_text(l, m, "assistant\n");
         return tokenizer_find(&m->tokenizer, "<|im_end|>");
     case CHAT_LLAMA3:
-        if (first) {
-            if (m->tokenizer.bos_id >= 0) ids_push(l, m->tokenizer.bos_id);
-            if (system) {
-                ids_append_special(l, m, "<|start_header_id|>");
-                ids_append_text(l, m, "system");
-                ids_append_special(l, m, "<|end_header_id|>");
-                ids_append_text(l, m, "\n\n");
-                ids_append_text(l, m, system);
-                ids_append_special(l, m, "<|eot_id|>");
-            }
+        if (first && m->tokenizer.bos_id >= 0) ids_push(l, m->tokenizer.bos_id);
+        if (first && system) {
+            llama3_header(l, m, "system");
+            ids_append_text(l, m, system);
+            ids_append_special(l, m, "<|eot_id|>");
         }
-        ids_append_special(l, m, "<|start_header_id|>");
-        ids_append_text(l, m, "user");
-        ids_append_special(l, m, "<|end_header_id|>");
-        ids_append_text(l, m, "\n\n");
+        llama3_header(l, m, "user");
         ids_append_text(l, m, user);
         ids_append_special(l, m, "<|eot_id|>");
-        ids_append_special(l, m, "<|start_header_id|>");
-        ids_append_text(l, m, "assistant");
-        ids_append_special(l, m, "<|end_header_id|>");
-        ids_append_text(l, m, "\n\n");
+        llama3_header(l, m, "assistant");
         return tokenizer_find(&m->tokenizer, "<|eot_id|>");
     case CHAT_LLAMA2: {
         /* <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]: Llama 2's chat format; each turn opens with BOS */

@@ -4,7 +4,8 @@
  * (ggml-quants.c, dequantize_row_*). Input files are untrusted: every count, length, offset and shape is checked
  * against the file length before use, and parsers return a message instead of exiting.
  * It does not transpose or permute weights (GGUF llama and llama2.c weights are already row-major (out, in) and laid
- * out for adjacent-pair RoPE), does not requantize (--wtype q8 is reserved), and reads no other architecture.
+ * out for adjacent-pair RoPE), and reads no other architecture. --wtype q8 quantizes the matrices from their f32
+ * (dequantized) values into int8 groups (quant.h); it does not copy a GGUF's own Q8_0 blocks.
  * Dimensions: dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, kv_dim = n_kv_heads*head_dim, vocab_size,
  * seq_len. Tensors are named as in GGUF (token_embd.weight, blk.N.attn_q.weight, ...) in every error message. */
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "export.h"
+#include "quant.h"
 #include "kv.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -663,7 +665,7 @@ typedef struct {
     int dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, seq_len;
     int rope_pairing;        /* 0 = adjacent pairs */
     int tied;                /* 1 = classifier is the embedding */
-    int wtype;               /* 0 = f32 */
+    int wtype;               /* 0 = f32 matrices, 1 = q8 (EXPORT_WTYPE_*) */
     int has_rope_factors;
     float rope_theta, norm_eps;
 } ModelConfig;
@@ -897,6 +899,7 @@ typedef struct {
     const uint8_t *data;   /* NULL = random */
     uint32_t type;         /* ggml type of data */
     float center, scale;   /* random: center + scale * uniform[-1, 1) */
+    int redraw_first;      /* random: the values of tensor 0 again (the q8 copy of a tied classifier) */
 } TensorSrc;
 
 /* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator whose output is the same on every platform. */
@@ -920,15 +923,38 @@ static void putf(uint8_t *h, size_t off, float f) { uint32_t u; memcpy(&u, &f, 4
 
 #define CHUNK_ELEMS ((size_t)1 << 20)   /* dequantize this many values at a time: 4 MiB, a multiple of every block */
 
+/* Whether tensor s is stored quantized under c's wtype: every matrix but the embedding (whose rows run copies). */
+static int tensor_quantized(const ModelConfig *c, const TensorSpec *s) {
+    return c->wtype == EXPORT_WTYPE_Q8 && !s->is_vec && strcmp(s->name, "token_embd.weight") != 0;
+}
+/* Bytes of tensor s in model.bin, before padding (FORMAT.md). */
+static size_t tensor_bytes(const ModelConfig *c, const TensorSpec *s) {
+    if (tensor_quantized(c, s)) return s->rows * (s->cols / Q8_GROUP) * sizeof(BlockQ8);
+    return s->rows * s->cols * 4;
+}
+
+/* A q8 file reads its classifier as int8 groups, so a tied model is written untied: tied = 0 and an output.weight
+ * that holds the embedding's values quantized (the embedding itself stays f32). Returns 1 when it untied c. */
+static int untie_for_q8(ModelConfig *c) {
+    if (c->wtype != EXPORT_WTYPE_Q8 || !c->tied) return 0;
+    c->tied = 0;
+    return 1;
+}
+
 /* Writes model.bin to out (via out.tmp, renamed when complete). specs/srcs: n tensors in model_layout's order;
  * tok: the tokenizer section (len 0 = ids-only); rng: the random generator state when a src is random. */
 static int model_write(const char *out, const ModelConfig *c, const Buf *tok, const TensorSpec *specs,
                        const TensorSrc *srcs, size_t n, uint64_t *rng, char *err, size_t errlen) {
-    if (c->wtype != 0) return fail(err, errlen, "wtype %d is not available yet (only f32)", c->wtype);
+    if (c->wtype != EXPORT_WTYPE_F32 && c->wtype != EXPORT_WTYPE_Q8)
+        return fail(err, errlen, "wtype %d is not available (f32 and q8 are)", c->wtype);
+    for (size_t i = 0; i < n; i++)
+        if (tensor_quantized(c, &specs[i]) && specs[i].cols % Q8_GROUP)
+            return fail(err, errlen, "--wtype q8 needs every matrix's columns to be a multiple of %d: tensor %s has "
+                        "%zu columns", Q8_GROUP, specs[i].name, specs[i].cols);
     uint8_t h[MODEL_HEADER_BYTES] = {0};
     size_t tok_off = tok->len ? MODEL_HEADER_BYTES : 0;
     size_t w_off = align_up(MODEL_HEADER_BYTES + tok->len, MODEL_ALIGN), w_bytes = 0;
-    for (size_t i = 0; i < n; i++) w_bytes += align_up(specs[i].rows * specs[i].cols * 4, MODEL_ALIGN);
+    for (size_t i = 0; i < n; i++) w_bytes += align_up(tensor_bytes(c, &specs[i]), MODEL_ALIGN);
     put32(h, 0, MODEL_MAGIC);
     put32(h, 4, MODEL_VERSION);
     int32_t ints[] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
@@ -947,8 +973,10 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
     FILE *f = fopen(tmp, "wb");
     if (!f) return fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     float *buf = malloc(CHUNK_ELEMS * sizeof *buf);
+    BlockQ8 *qbuf = malloc(CHUNK_ELEMS / Q8_GROUP * sizeof *qbuf);
+    uint64_t first_rng = rng ? *rng : 0;   /* the generator's state at tensor 0, to redraw its values */
     static const uint8_t zeros[MODEL_ALIGN];
-    int ok = buf != NULL;
+    int ok = buf != NULL && qbuf != NULL;
     ok = ok && fwrite(h, 1, sizeof h, f) == sizeof h;
     if (ok && tok->len) ok = fwrite(tok->p, 1, tok->len, f) == tok->len;
     size_t pos = MODEL_HEADER_BYTES + tok->len;
@@ -956,6 +984,8 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
     pos = w_off;
     for (size_t i = 0; ok && i < n; i++) {
         size_t total = specs[i].rows * specs[i].cols, blck = 1, bytes = 4;
+        int quantized = tensor_quantized(c, &specs[i]);
+        uint64_t redraw = first_rng, *r = srcs[i].redraw_first ? &redraw : rng;
         if (srcs[i].data) {
             export_ggml_type_size(srcs[i].type, &blck, &bytes);
         }
@@ -970,15 +1000,22 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
                     break;
                 }
             } else {
-                for (size_t j = 0; j < k; j++) buf[j] = srcs[i].center + srcs[i].scale * rand_unit(rng);
+                for (size_t j = 0; j < k; j++) buf[j] = srcs[i].center + srcs[i].scale * rand_unit(r);
             }
-            ok = fwrite(buf, sizeof *buf, k, f) == k;
+            if (quantized) {   /* k and cols are multiples of Q8_GROUP: no group spans two rows or two chunks */
+                for (size_t g = 0; g < k / Q8_GROUP; g++)
+                    qbuf[g].d = kv_f32_to_f16(quant_q8_group(qbuf[g].q, buf + g * Q8_GROUP));
+                ok = fwrite(qbuf, sizeof *qbuf, k / Q8_GROUP, f) == k / Q8_GROUP;
+            } else {
+                ok = fwrite(buf, sizeof *buf, k, f) == k;
+            }
             done += k;
         }
-        size_t pad = align_up(total * 4, MODEL_ALIGN) - total * 4;
+        size_t tb = tensor_bytes(c, &specs[i]), pad = align_up(tb, MODEL_ALIGN) - tb;
         if (ok) ok = fwrite(zeros, 1, pad, f) == pad;
     }
     free(buf);
+    free(qbuf);
     if (!ok && !err[0]) fail(err, errlen, "cannot write %s: %s", tmp, buf ? strerror(errno) : "out of memory");
     if (fclose(f) != 0 && ok) { ok = 0; fail(err, errlen, "cannot write %s: %s", tmp, strerror(errno)); }
     if (ok && rename(tmp, out) != 0) { ok = 0; fail(err, errlen, "cannot rename %s to %s: %s", tmp, out, strerror(errno)); }
@@ -1083,7 +1120,7 @@ static int gguf_bind(TensorSrc *src, const Gguf *g, const TensorSpec *s, char *e
     return 0;
 }
 
-int export_from_gguf(const char *in, const char *out, int vocab_only, char *err, size_t errlen) {
+int export_from_gguf(const char *in, const char *out, int vocab_only, int wtype, char *err, size_t errlen) {
     Mapped m;
     Gguf g;
     Buf tok = {0};
@@ -1111,14 +1148,18 @@ int export_from_gguf(const char *in, const char *out, int vocab_only, char *err,
         c.vocab_size = (int)rd_u32(tok.p + 4);
     } else {
         if (gguf_config(&c, &g, err, errlen)) goto done;
+        c.wtype = wtype;
+        int untied = untie_for_q8(&c);
         if (tok.len && rd_u32(tok.p + 4) != (uint32_t)c.vocab_size) {
             fail(err, errlen, "the tokenizer has %u tokens but token_embd.weight has %d rows", rd_u32(tok.p + 4),
                  c.vocab_size);
             goto done;
         }
         if (layout_alloc(&specs, &srcs, &n, &c, err, errlen)) goto done;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
+            if (untied && !strcmp(specs[i].name, "output.weight")) { srcs[i] = srcs[0]; continue; }
             if (gguf_bind(&srcs[i], &g, &specs[i], err, errlen)) goto done;
+        }
     }
     rc = model_write(out, &c, &tok, specs, srcs, n, NULL, err, errlen);
 done:
@@ -1198,7 +1239,8 @@ done:
     return rc;
 }
 
-int export_from_llama2c(const char *ckpt, const char *tokenizer, const char *out, char *err, size_t errlen) {
+int export_from_llama2c(const char *ckpt, const char *tokenizer, const char *out, int wtype, char *err,
+                        size_t errlen) {
     Mapped m;
     Buf tok = {0};
     TensorSpec *specs = NULL;
@@ -1258,6 +1300,8 @@ int export_from_llama2c(const char *ckpt, const char *tokenizer, const char *out
         goto done;
     }
     if (tokenizer && tok_from_llama2c(&tok, tokenizer, c.vocab_size, err, errlen)) goto done;
+    c.wtype = wtype;
+    if (untie_for_q8(&c)) at[WCLS] = at[EMB];   /* the classifier is the embedding, written again as q8 */
     if (layout_alloc(&specs, &srcs, &n, &c, err, errlen)) goto done;
     /* map each model.bin tensor to its place in the checkpoint: per-kind blocks hold the layers back to back */
     for (size_t i = 0; i < n; i++) {
@@ -1297,9 +1341,10 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
     ModelConfig c = {.dim = r->dim, .hidden_dim = r->hidden_dim, .n_layers = r->n_layers, .n_heads = r->n_heads,
                      .n_kv_heads = r->n_kv_heads, .head_dim = r->head_dim, .vocab_size = r->vocab_size,
                      .seq_len = r->seq_len, .tied = r->tied, .has_rope_factors = r->rope_factors,
-                     .rope_theta = r->rope_theta, .norm_eps = 1e-5f};
+                     .rope_theta = r->rope_theta, .norm_eps = 1e-5f, .wtype = r->wtype};
     if (c.head_dim == 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
     if (config_check(&c, err, errlen)) return -1;
+    int untied = untie_for_q8(&c);
     TensorSpec *specs;
     TensorSrc *srcs;
     size_t n;
@@ -1311,6 +1356,7 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
         else if (!strcmp(s->name, "rope_freqs.weight")) { srcs[i].center = 2; srcs[i].scale = 1; }
         else if (s->is_vec) { srcs[i].center = 1; srcs[i].scale = 0.1f; }
         else { srcs[i].center = 0; srcs[i].scale = 1.0f / sqrtf((float)s->cols); }
+        if (untied && !strcmp(s->name, "output.weight")) { srcs[i] = srcs[0]; srcs[i].redraw_first = 1; }
     }
     uint64_t rng = r->seed;
     int rc = model_write(out, &c, &tok, specs, srcs, n, &rng, err, errlen);
@@ -1325,9 +1371,11 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
 
 static const char *usage =
     "usage: ./export IN.gguf OUT.bin [--wtype f32|q8] [--vocab-only]\n"
-    "       ./export --llama2c CKPT.bin [--tokenizer TOK.bin] OUT.bin   (no tokenizer: an ids-only model)\n"
+    "       ./export --llama2c CKPT.bin [--tokenizer TOK.bin] OUT.bin [--wtype f32|q8]   (no tokenizer: ids-only)\n"
     "       ./export --random OUT.bin --dim D --hidden H --layers L --heads NH --kv-heads NKV --vocab V --seq S\n"
-    "                --seed K [--head-dim HD] [--theta T] [--tied] [--rope-factors]\n";
+    "                --seed K [--head-dim HD] [--theta T] [--tied] [--rope-factors] [--wtype f32|q8]\n"
+    "--wtype q8: the matrices as int8 groups of 32 with an f16 scale (ggml's Q8_0 layout), quantized from f32;\n"
+    "            the embedding and norms stay f32, a tied classifier is written as its own q8 copy\n";
 
 static int parse_long(const char *flag, const char *s, long min, long max, long *out, char *err, size_t errlen) {
     char *end;
@@ -1379,17 +1427,27 @@ int main(int argc, char **argv) {
         if (parse_long(a, v, k == 8 ? 0 : 1, max, &ints[k], err, sizeof err)) goto error;
         have[k] = 1;
     }
+    int wt = EXPORT_WTYPE_F32;
+    if (wtype) {
+        if (!strcmp(wtype, "q8")) wt = EXPORT_WTYPE_Q8;
+        else if (!strcmp(wtype, "q4")) { fprintf(stderr, "export: --wtype q4 is not yet available (f32, q8)\n"); return 1; }
+        else if (strcmp(wtype, "f32")) {
+            fprintf(stderr, "export: --wtype: unknown type '%s' (valid: f32, q8)\n", wtype);
+            return 1;
+        }
+        if (vocab_only) { fprintf(stderr, "export: --wtype has no meaning with --vocab-only (no weights)\n"); return 1; }
+    }
     int modes = (llama2c != NULL) + (random_out != NULL);
     if (modes > 1) { fprintf(stderr, "export: --llama2c and --random exclude each other\n%s", usage); return 1; }
     if (random_out) {
-        if (n_pos || tokenizer || wtype || vocab_only) {
-            fprintf(stderr, "export: --random takes only the shape flags\n%s", usage);
+        if (n_pos || tokenizer || vocab_only) {
+            fprintf(stderr, "export: --random takes only the shape flags and --wtype\n%s", usage);
             return 1;
         }
         for (int j = 0; j < 9; j++)
             if (!have[j] && j != 5) { fprintf(stderr, "export: --random needs %s\n%s", int_flags[j], usage); return 1; }
         ExportRandomSpec s = {(int)ints[0], (int)ints[1], (int)ints[2], (int)ints[3], (int)ints[4], (int)ints[5],
-                              (int)ints[6], (int)ints[7], (uint64_t)ints[8], 10000.0f, tied, rope_factors};
+                              (int)ints[6], (int)ints[7], (uint64_t)ints[8], 10000.0f, tied, rope_factors, wt};
         if (theta) {
             char *end;
             s.rope_theta = strtof(theta, &end);
@@ -1399,30 +1457,28 @@ int main(int argc, char **argv) {
             }
         }
         if (export_random(&s, random_out, err, sizeof err)) goto error;
-        fprintf(stderr, "export: wrote %s (random, seed %llu)\n", random_out, (unsigned long long)s.seed);
+        fprintf(stderr, "export: wrote %s (random, seed %llu%s)\n", random_out, (unsigned long long)s.seed,
+                wt == EXPORT_WTYPE_Q8 ? ", q8 matrices" : "");
         return 0;
     }
     for (int j = 0; j < 9; j++)
         if (have[j]) { fprintf(stderr, "export: %s is only for --random\n%s", int_flags[j], usage); return 1; }
     if (theta || tied || rope_factors) { fprintf(stderr, "export: --theta, --tied, --rope-factors are only for --random\n"); return 1; }
     if (llama2c) {
-        if (n_pos != 1 || wtype || vocab_only) {
-            fprintf(stderr, "export: --llama2c takes CKPT.bin [--tokenizer TOK.bin] OUT.bin\n%s", usage);
+        if (n_pos != 1 || vocab_only) {
+            fprintf(stderr, "export: --llama2c takes CKPT.bin [--tokenizer TOK.bin] OUT.bin [--wtype f32|q8]\n%s", usage);
             return 1;
         }
-        if (export_from_llama2c(llama2c, tokenizer, pos[0], err, sizeof err)) goto error;
-        fprintf(stderr, "export: wrote %s from %s%s\n", pos[0], llama2c, tokenizer ? "" : " (ids-only)");
+        if (export_from_llama2c(llama2c, tokenizer, pos[0], wt, err, sizeof err)) goto error;
+        fprintf(stderr, "export: wrote %s from %s%s%s\n", pos[0], llama2c, tokenizer ? "" : " (ids-only)",
+                wt == EXPORT_WTYPE_Q8 ? " (q8 matrices)" : "");
         return 0;
     }
     if (tokenizer) { fprintf(stderr, "export: --tokenizer is only for --llama2c\n%s", usage); return 1; }
     if (n_pos != 2) { fprintf(stderr, "export: expected IN.gguf OUT.bin\n%s", usage); return 1; }
-    if (wtype && strcmp(wtype, "f32")) {
-        if (!strcmp(wtype, "q8")) fprintf(stderr, "export: --wtype q8 is not yet available (only f32)\n");
-        else fprintf(stderr, "export: --wtype: unknown type '%s' (valid: f32, q8)\n", wtype);
-        return 1;
-    }
-    if (export_from_gguf(pos[0], pos[1], vocab_only, err, sizeof err)) goto error;
-    fprintf(stderr, "export: wrote %s from %s%s\n", pos[1], pos[0], vocab_only ? " (vocab only)" : "");
+    if (export_from_gguf(pos[0], pos[1], vocab_only, wt, err, sizeof err)) goto error;
+    fprintf(stderr, "export: wrote %s from %s%s\n", pos[1], pos[0],
+            vocab_only ? " (vocab only)" : wt == EXPORT_WTYPE_Q8 ? " (q8 matrices)" : "");
     return 0;
 error:
     fprintf(stderr, "export: %s\n", err);

@@ -77,15 +77,21 @@ void gguf_free(Gguf *g);
 const GgufKV *gguf_find_kv(const Gguf *g, const char *key);
 const GgufTensor *gguf_find_tensor(const Gguf *g, const char *name);
 
-/* The three exporters behind ./export's CLI. Each writes OUT.tmp and renames it to out only when complete. */
-int export_from_gguf(const char *in, const char *out, int vocab_only, char *err, size_t errlen);
-int export_from_llama2c(const char *ckpt, const char *tokenizer /* NULL = ids-only */, const char *out,
+/* Weight types of the matrices in model.bin (docs/FORMAT.md, wtype). */
+enum { EXPORT_WTYPE_F32 = 0, EXPORT_WTYPE_Q8 = 1 };
+
+/* The three exporters behind ./export's CLI. Each writes OUT.tmp and renames it to out only when complete.
+ * wtype EXPORT_WTYPE_Q8 quantizes every matrix (not the embedding) from its f32 values; it fails when a matrix's
+ * column count is not a multiple of 32, and writes a tied model untied (FORMAT.md). */
+int export_from_gguf(const char *in, const char *out, int vocab_only, int wtype, char *err, size_t errlen);
+int export_from_llama2c(const char *ckpt, const char *tokenizer /* NULL = ids-only */, const char *out, int wtype,
                         char *err, size_t errlen);
 typedef struct {
     int dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, seq_len;
     uint64_t seed;
     float rope_theta;
     int tied, rope_factors;     /* 1 = tied classifier; 1 = write a rope_freqs vector */
+    int wtype;                  /* EXPORT_WTYPE_*; 0 = f32 */
 } ExportRandomSpec;
 int export_random(const ExportRandomSpec *spec, const char *out, char *err, size_t errlen);
 

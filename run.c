@@ -7,6 +7,7 @@
  * q_dim (= n_heads * head_dim), vocab_size, seq_len. Indices: l layer, h head, t position, i row.
  */
 #include "run.h"
+#include "quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +23,9 @@
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#ifdef __AVX2__
+#include <immintrin.h>
 #endif
 
 int run_errorf(char *err, size_t errlen, const char *fmt, ...) {
@@ -44,14 +48,21 @@ static uint64_t rd_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return 
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
+size_t matrix_bytes(int wtype, size_t rows, size_t cols) {
+    return wtype == WTYPE_Q8 ? rows * (cols / Q8_GROUP) * sizeof(BlockQ8) : rows * cols * sizeof(float);
+}
+
 /* Bytes of the weight section a config implies (FORMAT.md's order, each tensor 64-byte aligned). */
 static size_t weights_bytes_for(const Config *c) {
     size_t d = c->dim, hd = c->head_dim, q = (size_t)c->n_heads * hd, kv = (size_t)c->n_kv_heads * hd, f = 4;
-    size_t per_layer = align64(d * f) + align64(q * d * f) + 2 * align64(kv * d * f) + align64(d * q * f)
-                       + align64(d * f) + 3 * align64((size_t)c->hidden_dim * d * f);
+    size_t h = c->hidden_dim;
+    int t = c->wtype;
+    size_t per_layer = align64(d * f) + align64(matrix_bytes(t, q, d)) + 2 * align64(matrix_bytes(t, kv, d))
+                       + align64(matrix_bytes(t, d, q)) + align64(d * f) + 2 * align64(matrix_bytes(t, h, d))
+                       + align64(matrix_bytes(t, d, h));
     size_t b = align64((size_t)c->vocab_size * d * f) + (c->has_rope_factors ? align64(hd / 2 * f) : 0)
                + (size_t)c->n_layers * per_layer + align64(d * f);
-    if (!c->tied) b += align64((size_t)c->vocab_size * d * f);
+    if (!c->tied) b += align64(matrix_bytes(t, c->vocab_size, d));
     return b;
 }
 
@@ -102,7 +113,7 @@ int model_parse(Model *m, const uint8_t *data, size_t size, char *err, size_t er
         {"dim", c->dim, 1, 1 << 16}, {"hidden_dim", c->hidden_dim, 1, 1 << 18}, {"n_layers", c->n_layers, 1, 1024},
         {"n_heads", c->n_heads, 1, 1024}, {"n_kv_heads", c->n_kv_heads, 1, 1024}, {"head_dim", c->head_dim, 2, 1024},
         {"vocab_size", c->vocab_size, 1, 1 << 22}, {"seq_len", c->seq_len, 1, 1 << 24},
-        {"rope_pairing", c->rope_pairing, 0, 1}, {"tied", c->tied, 0, 1}, {"wtype", c->wtype, 0, 0},
+        {"rope_pairing", c->rope_pairing, 0, 1}, {"tied", c->tied, 0, 1}, {"wtype", c->wtype, 0, 1},
         {"has_rope_factors", c->has_rope_factors, 0, 1},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
@@ -116,6 +127,10 @@ int model_parse(Model *m, const uint8_t *data, size_t size, char *err, size_t er
         return errorf(err, errlen, "rope_theta %g is out of range (0, 1e12)", c->rope_theta);
     if (!(c->norm_eps > 0 && c->norm_eps < 1))
         return errorf(err, errlen, "norm_eps %g is out of range (0, 1)", c->norm_eps);
+    if (c->wtype == WTYPE_Q8 && (c->dim % Q8_GROUP || (c->n_heads * c->head_dim) % Q8_GROUP
+                                 || c->hidden_dim % Q8_GROUP))
+        return errorf(err, errlen, "wtype 1 (q8) needs dim %d, n_heads*head_dim %d and hidden_dim %d to be multiples "
+                      "of %d", c->dim, c->n_heads * c->head_dim, c->hidden_dim, Q8_GROUP);
     size_t need = weights_bytes_for(c);
     if (w_bytes != need)
         return errorf(err, errlen, "weight section is %llu bytes but the config needs %zu",
@@ -128,6 +143,8 @@ int model_parse(Model *m, const uint8_t *data, size_t size, char *err, size_t er
     const uint8_t *p = data + w_off;
     size_t d = c->dim, hd = c->head_dim, q = (size_t)c->n_heads * hd, kv = (size_t)c->n_kv_heads * hd;
 #define TAKE(n) ((const float *)(p += align64((n) * 4), p - align64((n) * 4)))
+#define TAKE_MAT(r, k) ((Matrix){(p += align64(matrix_bytes(c->wtype, (r), (k))), \
+                                  p - align64(matrix_bytes(c->wtype, (r), (k)))), c->wtype})
     Weights *w = &m->w;
     w->token_embedding = TAKE((size_t)c->vocab_size * d);
     w->rope_factors = c->has_rope_factors ? TAKE(hd / 2) : NULL;
@@ -136,18 +153,19 @@ int model_parse(Model *m, const uint8_t *data, size_t size, char *err, size_t er
     for (int l = 0; l < c->n_layers; l++) {
         LayerWeights *L = &w->layers[l];
         L->attn_norm = TAKE(d);
-        L->wq = TAKE(q * d);
-        L->wk = TAKE(kv * d);
-        L->wv = TAKE(kv * d);
-        L->wo = TAKE(d * q);
+        L->wq = TAKE_MAT(q, d);
+        L->wk = TAKE_MAT(kv, d);
+        L->wv = TAKE_MAT(kv, d);
+        L->wo = TAKE_MAT(d, q);
         L->ffn_norm = TAKE(d);
-        L->w1 = TAKE((size_t)c->hidden_dim * d);
-        L->w2 = TAKE(d * c->hidden_dim);
-        L->w3 = TAKE((size_t)c->hidden_dim * d);
+        L->w1 = TAKE_MAT((size_t)c->hidden_dim, d);
+        L->w2 = TAKE_MAT(d, (size_t)c->hidden_dim);
+        L->w3 = TAKE_MAT((size_t)c->hidden_dim, d);
     }
     w->final_norm = TAKE(d);
-    w->classifier = c->tied ? w->token_embedding : TAKE((size_t)c->vocab_size * d);
+    w->classifier = c->tied ? (Matrix){w->token_embedding, WTYPE_F32} : TAKE_MAT((size_t)c->vocab_size, d);
 #undef TAKE
+#undef TAKE_MAT
     if (c->has_rope_factors)
         for (int i = 0; i < c->head_dim / 2; i++)
             if (!(w->rope_factors[i] > 0 && w->rope_factors[i] < 1e6f))
@@ -266,25 +284,108 @@ static inline void dot_f32_n(float *out, const float *w, const float *const *x, 
     }
 }
 
+/* Σ_g dw_g·dx_g·Σ_j qw[j]·qx[j] over the groups of one q8 weight row, for 1 to 4 quantized vectors sharing it.
+ * The arithmetic, the same on every path so results never depend on the CPU or on NX: per group, 8 exact int32
+ * sums s_m of 4 consecutive products (values 4m..4m+3), then acc_m += (float)s_m · (dw·dx) in 8 f32 lanes (a
+ * multiply, then an add: no fused multiply-add), then the 8 lanes summed in order 0..7. With AVX2 the int8
+ * products come from vpmaddubsw on |qw| and qx·sign(qw) (each pair sum ≤ 2·127·127 fits int16, as values are in
+ * [-127, 127]) and vpmaddwd, whose int32 lane m is exactly s_m; without it, portable C computes the same sums. */
+#define Q8_LANES 8
+static inline void dot_q8_n(float *out, const BlockQ8 *w, const int8_t *const *xq, const float *const *xd, int NX,
+                            int n_groups) {
+    float acc[4][Q8_LANES];
+#ifdef __AVX2__
+    __m256 va[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int g = 0; g < n_groups; g++) {
+        __m256i qw = _mm256_loadu_si256((const __m256i *)w[g].q);
+        __m256i aw = _mm256_sign_epi8(qw, qw);
+#ifdef __F16C__
+        float dw = _cvtsh_ss(w[g].d);   /* exact, as kv_f16_to_f32 */
+#else
+        float dw = kv_f16_to_f32(w[g].d);
+#endif
+        for (int r = 0; r < NX; r++) {
+            __m256i qx = _mm256_loadu_si256((const __m256i *)(xq[r] + (size_t)g * Q8_GROUP));
+            __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(qx, qw)), ones);
+            __m256 sc = _mm256_set1_ps(dw * xd[r][g]);
+            va[r] = _mm256_add_ps(va[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s32), sc));
+        }
+    }
+    for (int r = 0; r < NX; r++) _mm256_storeu_ps(acc[r], va[r]);
+#else
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < n_groups; g++) {
+        float dw = kv_f16_to_f32(w[g].d);
+        for (int r = 0; r < NX; r++) {
+            const int8_t *a = xq[r] + (size_t)g * Q8_GROUP;
+            float sc = dw * xd[r][g];
+            for (int m = 0; m < Q8_LANES; m++) {
+                int32_t s = 0;
+                for (int k = 0; k < 4; k++) s += (int32_t)w[g].q[4 * m + k] * a[4 * m + k];
+                acc[r][m] += (float)s * sc;
+            }
+        }
+    }
+#endif
+    for (int r = 0; r < NX; r++) {
+        float s = acc[r][0];
+        for (int m = 1; m < Q8_LANES; m++) s += acc[r][m];
+        out[r] = s;
+    }
+}
+
+/* The quantized activations of a q8 matmul: grown when a larger (n, cols) arrives, kept for the process (no
+ * per-token allocation). */
+static struct {
+    int8_t *q;    /* (n, cols) */
+    float *d;     /* (n, cols / 32) scales */
+    size_t cap;   /* elements of q */
+} act_q8;
+
 /* out (n, rows) = x (n, cols) · W (rows, cols)ᵀ: row i of out[t] is W_i · x_t. Rows are split over threads, each
- * output computed by one thread; a weight row is read once per 4 tokens and stays in L1 across the chunk. */
-void matmul_n(float *out, const float *x, const float *W, int rows, int cols, int n) {
+ * output computed by one thread; a weight row is read once per 4 tokens and stays in L1 across the chunk. For q8
+ * weights every x_t is quantized once (groups of 32, f32 scale, quant.h), before the rows. */
+void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
+    int q8 = W.type == WTYPE_Q8, n_groups = cols / Q8_GROUP;
+    if (q8) {
+        size_t need = (size_t)n * cols;
+        if (need > act_q8.cap) {
+            free(act_q8.q);
+            free(act_q8.d);
+            act_q8.q = malloc(need);
+            act_q8.d = malloc(need / Q8_GROUP * sizeof(float));
+            if (!act_q8.q || !act_q8.d) fatal("out of memory");
+            act_q8.cap = need;
+        }
+        for (size_t g = 0; g < need / Q8_GROUP; g++)
+            act_q8.d[g] = quant_q8_group(act_q8.q + g * Q8_GROUP, x + g * Q8_GROUP);
+    }
     /* small matrices stay on one thread: waking the team costs more than the work */
     #pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= 65536)
     for (int i = 0; i < rows; i++) {
-        const float *w = W + (size_t)i * cols;
         for (int t = 0; t < n; t += 4) {
             int nx = n - t < 4 ? n - t : 4;
-            const float *xs[4];
             float o[4];
-            for (int r = 0; r < nx; r++) xs[r] = x + (size_t)(t + r) * cols;
-            dot_f32_n(o, w, xs, nx, cols);
+            if (q8) {
+                const int8_t *xq[4];
+                const float *xd[4];
+                for (int r = 0; r < nx; r++) {
+                    xq[r] = act_q8.q + (size_t)(t + r) * cols;
+                    xd[r] = act_q8.d + (size_t)(t + r) * n_groups;
+                }
+                dot_q8_n(o, (const BlockQ8 *)W.data + (size_t)i * n_groups, xq, xd, nx, n_groups);
+            } else {
+                const float *xs[4];
+                for (int r = 0; r < nx; r++) xs[r] = x + (size_t)(t + r) * cols;
+                dot_f32_n(o, (const float *)W.data + (size_t)i * cols, xs, nx, cols);
+            }
             for (int r = 0; r < nx; r++) out[(size_t)(t + r) * rows + i] = o[r];
         }
     }
 }
 
-void matmul(float *out, const float *x, const float *W, int rows, int cols) { matmul_n(out, x, W, rows, cols, 1); }
+void matmul(float *out, const float *x, Matrix W, int rows, int cols) { matmul_n(out, x, W, rows, cols, 1); }
 
 static void timer_add(double *acc, double t0);
 double now_s(void) {

@@ -26,29 +26,39 @@ typedef struct {
     int seq_len;        /* trained context, tokens */
     int rope_pairing;   /* 0 adjacent pairs, 1 halves */
     int tied;           /* classifier = embedding */
-    int wtype;          /* 0 f32 */
+    int wtype;          /* matrices: WTYPE_F32 or WTYPE_Q8 (docs/FORMAT.md) */
     int has_rope_factors;
     float rope_theta, norm_eps;
 } Config;
 
+/* Weight types of the matrices (model.bin's wtype; norms and the embedding are always f32). */
+enum { WTYPE_F32 = 0, WTYPE_Q8 = 1 };
+
+/* A weight matrix (rows, cols), row-major: f32 values, or for WTYPE_Q8 (rows, cols / 32) BlockQ8 groups (quant.h).
+ * Passed by value; matmul_n dispatches on type. */
+typedef struct {
+    const void *data;
+    int type;   /* WTYPE_* */
+} Matrix;
+
 typedef struct {
     const float *attn_norm;  /* (dim) */
-    const float *wq;         /* (n_heads * head_dim, dim) */
-    const float *wk;         /* (n_kv_heads * head_dim, dim) */
-    const float *wv;         /* (n_kv_heads * head_dim, dim) */
-    const float *wo;         /* (dim, n_heads * head_dim) */
+    Matrix wq;               /* (n_heads * head_dim, dim) */
+    Matrix wk;               /* (n_kv_heads * head_dim, dim) */
+    Matrix wv;               /* (n_kv_heads * head_dim, dim) */
+    Matrix wo;               /* (dim, n_heads * head_dim) */
     const float *ffn_norm;   /* (dim) */
-    const float *w1;         /* (hidden_dim, dim) gate */
-    const float *w2;         /* (dim, hidden_dim) down */
-    const float *w3;         /* (hidden_dim, dim) up */
+    Matrix w1;               /* (hidden_dim, dim) gate */
+    Matrix w2;               /* (dim, hidden_dim) down */
+    Matrix w3;               /* (hidden_dim, dim) up */
 } LayerWeights;
 
 typedef struct {
-    const float *token_embedding;  /* (vocab_size, dim) */
+    const float *token_embedding;  /* (vocab_size, dim) f32 */
     const float *rope_factors;     /* (head_dim / 2) or NULL */
     LayerWeights *layers;          /* (n_layers) */
     const float *final_norm;       /* (dim) */
-    const float *classifier;       /* (vocab_size, dim); = token_embedding when tied */
+    Matrix classifier;             /* (vocab_size, dim); the f32 token_embedding when tied */
 } Weights;
 
 typedef struct {
@@ -118,10 +128,15 @@ KVShape model_kv_shape(const Model *m, int seq_len);
 int state_init(RunState *s, const Config *c);                 /* n_max = 1 */
 int state_init_chunk(RunState *s, const Config *c, int n_max); /* room for chunks of n_max tokens */
 void state_free(RunState *s);
-/* out (rows) = W (rows, cols) · x (cols), f32, rows split over threads (results independent of the thread count). */
-void matmul(float *out, const float *x, const float *W, int rows, int cols);
-/* out (n, rows) = x (n, cols) · Wᵀ: the same per-output arithmetic as matmul, for n tokens at once. */
-void matmul_n(float *out, const float *x, const float *W, int rows, int cols, int n);
+/* out (rows) = W (rows, cols) · x (cols), rows split over threads (results independent of the thread count).
+ * W f32: f32 products in 16 lanes. W q8: x is quantized per group of 32 (f32 scale), int8 products summed exactly
+ * per 4 values, scaled and accumulated in 8 f32 lanes (see run.c). cols must be a multiple of 32 for q8. */
+void matmul(float *out, const float *x, Matrix W, int rows, int cols);
+/* out (n, rows) = x (n, cols) · Wᵀ: the same per-output arithmetic as matmul, for n tokens at once (bit-identical
+ * to n calls of matmul). Not reentrant for q8 (one scratch buffer for the quantized x): call it from one thread. */
+void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n);
+/* Bytes of a (rows, cols) matrix of weight type wtype, unpadded. */
+size_t matrix_bytes(int wtype, size_t rows, size_t cols);
 /* One decode step of the token at position pos through every layer, with the cache's policy; logits in s->logits.
  * Returns 0, or -1 when a lane is full and the policy cannot evict (full past its context). */
 int forward(Model *m, RunState *s, KVCache *cache, int token, int pos);

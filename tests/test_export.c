@@ -405,7 +405,7 @@ static void test_tiny_gguf(int variant) {
     snprintf(in, sizeof in, TMP "/tiny%d.gguf", variant);
     snprintf(out, sizeof out, TMP "/tiny%d.bin", variant);
     write_file(in, w.p, w.len);
-    int rc = export_from_gguf(in, out, 0, err, sizeof err);
+    int rc = export_from_gguf(in, out, 0, 0, err, sizeof err);
     CHECK(rc == 0, "tiny GGUF v%d exports (%s)", variant ? 2 : 3, rc ? err : "ok");
     if (rc) { free(w.p); return; }
     size_t n;
@@ -459,7 +459,7 @@ static void test_tiny_gguf(int variant) {
 
     /* --vocab-only: only the tokenizer, n_layers = 0, shape fields 0 */
     if (!variant) {
-        rc = export_from_gguf(in, out, 1, err, sizeof err);
+        rc = export_from_gguf(in, out, 1, 0, err, sizeof err);
         mb = read_file(out, &n);
         h = hdr_read(mb);
         CHECK(rc == 0 && h.v[2] == 0 && h.v[0] == 0 && h.v[6] == TINY_VOCAB && h.w_bytes == 0 && h.w_off == n &&
@@ -502,9 +502,9 @@ static void test_llama2c(void) {
     write_file(TMP "/l2c_legacy.bin", legacy.p, legacy.len);
     write_file(TMP "/l2c_v1.bin", v1.p, v1.len);
     write_file(TMP "/l2c_tok.bin", tok.p, tok.len);
-    int rc1 = export_from_llama2c(TMP "/l2c_legacy.bin", TMP "/l2c_tok.bin", TMP "/l2c_a.bin", err, sizeof err);
+    int rc1 = export_from_llama2c(TMP "/l2c_legacy.bin", TMP "/l2c_tok.bin", TMP "/l2c_a.bin", 0, err, sizeof err);
     CHECK(rc1 == 0, "llama2.c legacy checkpoint (untied) with tokenizer exports (%s)", rc1 ? err : "ok");
-    int rc2 = export_from_llama2c(TMP "/l2c_v1.bin", TMP "/l2c_tok.bin", TMP "/l2c_b.bin", err, sizeof err);
+    int rc2 = export_from_llama2c(TMP "/l2c_v1.bin", TMP "/l2c_tok.bin", TMP "/l2c_b.bin", 0, err, sizeof err);
     CHECK(rc2 == 0, "llama2.c version 1 checkpoint exports (%s)", rc2 ? err : "ok");
     if (rc1 || rc2) goto out;
     uint8_t *a = read_file(TMP "/l2c_a.bin", &n1), *b = read_file(TMP "/l2c_b.bin", &n2);
@@ -543,7 +543,7 @@ static void test_llama2c(void) {
     free(legacy.p);
     legacy = l2c_checkpoint(0, 32, 48, 1, 4, 4, 12, 16, 1);
     write_file(TMP "/l2c_tied.bin", legacy.p, legacy.len);
-    rc1 = export_from_llama2c(TMP "/l2c_tied.bin", NULL, TMP "/l2c_c.bin", err, sizeof err);
+    rc1 = export_from_llama2c(TMP "/l2c_tied.bin", NULL, TMP "/l2c_c.bin", 0, err, sizeof err);
     a = read_file(TMP "/l2c_c.bin", &n1);
     h = hdr_read(a);
     CHECK(rc1 == 0 && h.v[9] == 1 && h.tok_bytes == 0 && h.file_bytes == n1, "llama2.c tied, no tokenizer: ids-only");
@@ -560,20 +560,20 @@ out:
     fseek(f, 28, SEEK_SET);
     if (fread(&first, 4, 1, f) != 1) first = NAN;
     fclose(f);
-    rc1 = export_from_llama2c(s260, NULL, TMP "/s260.bin", err, sizeof err);
+    rc1 = export_from_llama2c(s260, NULL, TMP "/s260.bin", 0, err, sizeof err);
     a = rc1 ? NULL : read_file(TMP "/s260.bin", &n1);
     if (a) h = hdr_read(a);
     CHECK(a && h.v[0] == 64 && h.v[2] == 5 && h.v[3] == 8 && h.v[4] == 4 && h.v[6] == 512 && h.v[9] == 1 &&
           getf(a + h.w_off) == first, "stories260K: dim 64, 5 layers, 8/4 heads, vocab 512, tied, first weight (%s)",
           rc1 ? err : "ok");
     free(a);
-    rc1 = export_from_llama2c(s260, "../shared/data/models/llama2-tokenizer.bin", TMP "/s260t.bin", err, sizeof err);
+    rc1 = export_from_llama2c(s260, "../shared/data/models/llama2-tokenizer.bin", TMP "/s260t.bin", 0, err, sizeof err);
     CHECK(rc1 != 0 && strstr(err, "32000") && strstr(err, "512"), "stories260K + 32000-entry tokenizer refused: %s", err);
 }
 
 static void test_random(void) {
     char err[EXPORT_ERR_LEN];
-    ExportRandomSpec s = {64, 96, 2, 4, 2, 0, 50, 64, 7, 10000.0f, 0, 0};
+    ExportRandomSpec s = {64, 96, 2, 4, 2, 0, 50, 64, 7, 10000.0f, 0, 0, 0};
     int rc = export_random(&s, TMP "/r1.bin", err, sizeof err) | export_random(&s, TMP "/r2.bin", err, sizeof err);
     s.seed = 8;
     rc |= export_random(&s, TMP "/r3.bin", err, sizeof err);
@@ -607,7 +607,7 @@ static void test_smollm2(void) {
     if (san && *san && strcmp(san, "0")) { SKIP("SmolLM2 export: KVLAB_SANITIZE is set"); return; }
     char err[EXPORT_ERR_LEN];
     const char *out = TMP "/smol.bin";
-    int rc = export_from_gguf(in, out, 0, err, sizeof err);
+    int rc = export_from_gguf(in, out, 0, 0, err, sizeof err);
     CHECK(rc == 0, "SmolLM2 Q4_1 exports (%s)", rc ? err : "ok");
     if (rc) return;
     FILE *g = fopen("tests/golden/smol_values.txt", "r"), *m = fopen(out, "rb");

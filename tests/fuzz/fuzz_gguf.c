@@ -20,7 +20,7 @@ static char in_path[256], out_path[256];
  * run does not implement (run says so by name; a real GGUF can carry any name). */
 static void export_and_load(int vocab_only) {
     char err[EXPORT_ERR_LEN];
-    if (export_from_gguf(in_path, out_path, vocab_only, err, sizeof err)) return;
+    if (export_from_gguf(in_path, out_path, vocab_only, 0, err, sizeof err)) return;
     FILE *f = fopen(out_path, "rb");
     if (!f) abort();
     fseek(f, 0, SEEK_END);

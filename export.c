@@ -999,6 +999,14 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
                     ok = 0;
                     break;
                 }
+                if (!strcmp(specs[i].name, "rope_freqs.weight"))   /* the bounds run.c's loader checks */
+                    for (size_t j = 0; ok && j < k; j++)
+                        if (!(buf[j] > 0 && buf[j] < 1e6f)) {
+                            fail(err, errlen, "tensor rope_freqs.weight: factor %zu = %g is not a positive finite "
+                                 "number", done + j, (double)buf[j]);
+                            ok = 0;
+                        }
+                if (!ok) break;
             } else {
                 for (size_t j = 0; j < k; j++) buf[j] = srcs[i].center + srcs[i].scale * rand_unit(r);
             }

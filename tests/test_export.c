@@ -120,7 +120,12 @@ static void tt_fill(uint8_t *p, const TT *t, size_t nbytes, uint64_t seed) {
     size_t blck = 1, bytes = 4;
     export_ggml_type_size(t->type, &blck, &bytes);
     if (t->type == GGML_TYPE_F32) {
-        for (size_t i = 0; i + 4 <= nbytes; i += 4) { float f = (float)(rnd() % 2001) / 1000.0f - 1.0f; memcpy(p + i, &f, 4); }
+        int factors = !strcmp(t->name, "rope_freqs.weight");   /* rope factors must be positive (run.c, export.c) */
+        for (size_t i = 0; i + 4 <= nbytes; i += 4) {
+            float f = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+            if (factors) f = f + 1.5f;
+            memcpy(p + i, &f, 4);
+        }
         return;
     }
     for (size_t i = 0; i < nbytes; i++) p[i] = (uint8_t)rnd();

@@ -850,6 +850,9 @@ static int tok_from_gguf(Buf *b, const Gguf *g, char *err, size_t errlen) {
         tp += 8 + n;
     }
     uint64_t n_merges = merges ? merges->arr_n : 0;
+    if (h.kind == 2 && n_merges == 0)   /* tokenizer.c refuses such a section */
+        return fail(err, errlen, "tokenizer.ggml.merges is missing or empty: a byte-level BPE (gpt2) vocabulary needs "
+                    "its merges");
     if (n_merges > UINT32_MAX) return fail(err, errlen, "too many merges");
     buf_u32(b, (uint32_t)n_merges);
     const uint8_t *mp = merges ? merges->val : NULL;

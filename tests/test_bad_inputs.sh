@@ -95,7 +95,8 @@ hdr "rope_pairing 2"        "rope_pairing = 2 $OOR"     40 4 2
 hdr "rope_pairing -1"       "rope_pairing = -1 $OOR"    40 4 -1
 hdr "tied 2"                "tied = 2 $OOR"             44 4 2
 hdr "tied 1 in an untied file" "$WB"                    44 4 1
-hdr "wtype 1 (reserved)"    "wtype = 1 $OOR"            48 4 1
+hdr "wtype 2 (unknown)"     "wtype = 2 $OOR"            48 4 2
+hdr "wtype 1 (q8) on a shape q8 cannot hold" "wtype 1 \(q8\) needs .* multiples of 32" 48 4 1
 hdr "wtype -1"              "wtype = -1 $OOR"           48 4 -1
 hdr "has_rope_factors 2"    "has_rope_factors = 2 $OOR" 52 4 2
 hdr "has_rope_factors 1 without factors" "$WB"          52 4 1

@@ -759,8 +759,11 @@ void run_passkey(Model *m, const Options *o) {
         int total_ok = 0, total = 0;
         for (int li = 0; li < 3; li++) {
             int n_junk = (lens[li] - fixed) / per_junk;
-            if (n_junk < 1) n_junk = 1;
             fprintf(stderr, "%8d", lens[li]);
+            if (n_junk < 4) {   /* the instruction, key and question alone fill it: no depth to vary */
+                fprintf(stderr, "  too short for a passkey prompt (%d tokens of fixed text); use a larger -c\n", fixed);
+                continue;
+            }
             for (int di = 0; di < n_depths; di++) {
                 int ok = 0;
                 for (int rep = 0; rep < n_keys_per_cell; rep++) {

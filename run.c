@@ -901,9 +901,15 @@ static void print_summary(Session *se, const Options *o) {
     KVBytes b = kv_bytes(&se->cache);
     if (o->verbose) {
         const KVShape *sh = &se->cache.shape;
-        fprintf(stderr, "layer  live slots per kv head (peak)\n");
+        fprintf(stderr, "layer  KiB allocated  KiB live  live slots per kv head (peak)\n");
         for (int l = 0; l < sh->n_layers; l++) {
-            fprintf(stderr, "%5d ", l);
+            size_t alloc = 0, live = 0;
+            for (int g = 0; g < sh->n_kv_heads; g++) {
+                KVBytes lb = kv_lane_bytes(&se->cache, l, g);
+                alloc += lb.total_alloc;
+                live += lb.total_live;
+            }
+            fprintf(stderr, "%5d %14.1f %9.1f ", l, alloc / 1024.0, live / 1024.0);
             for (int g = 0; g < sh->n_kv_heads; g++) {
                 const KVLane *ln = &se->cache.lanes[l * sh->n_kv_heads + g];
                 fprintf(stderr, " %d (%d)", ln->n_live, ln->peak_live);

@@ -101,7 +101,7 @@ expect "flag without value (--wtype)"   "flag --wtype needs a value" "$d/good.gg
 expect "flag without value (--tokenizer)" "flag --tokenizer needs a value" --llama2c "$d/l2c.bin" "$o" --tokenizer
 expect "flag without value (--dim)"     "flag --dim needs a value"   --random "$o" --dim --hidden 8
 expect "unknown flag"                   "unknown flag '--frobnicate'" "$d/good.gguf" "$o" --frobnicate
-expect "--wtype q8 (not yet)"           "q8 is not yet available"    "$d/good.gguf" "$o" --wtype q8
+expect "--wtype q4 (not yet)"           "q4 is not yet available"    "$d/good.gguf" "$o" --wtype q4
 expect "--wtype bogus"                  "unknown type 'f8'.*f32, q8" "$d/good.gguf" "$o" --wtype f8
 expect "missing output path"            "expected IN.gguf OUT.bin"   "$d/good.gguf"
 expect "no arguments"                   "expected IN.gguf OUT.bin"

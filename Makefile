@@ -66,6 +66,17 @@ FUZZ_SECONDS ?= 600
 fuzz: all
 	tools/fuzz.sh -t $(FUZZ_SECONDS)
 
+# Tools (not part of ./run): build/bw, the read bandwidth; build/kl_models, KL and perplexity of two model files on one
+# token stream. `make bench` runs tools/bench.sh (SmolLM2 decode f32/q8 against the bandwidth limit, batched ppl).
+.PHONY: tools
+tools: $(BUILD)/bw $(BUILD)/kl_models
+$(BUILD)/bw: tools/bw.c | $(BUILD)
+	$(CC) $(CFLAGS) $(OMP) -o $@ $<
+$(BUILD)/kl_models: tools/kl_models.c $(LIB_O) | $(BUILD)
+	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
+bench: all tools
+	tools/bench.sh
+
 model: all models/smollm2-135m-instruct.bin
 models/smollm2-135m-instruct.bin: | export
 	./tools/fetch_model.sh

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# make bench: kvlab's CPU speed on SmolLM2-135M-Instruct, against the read bandwidth measured in the same run.
+#  - bandwidth: build/bw (f32 sum over 512 MiB, best of 7 passes), once per round;
+#  - decode tok/s with f32 and q8 weights: ./run -m bench at context 256 (-c 320 -n 64: the context-256 record's
+#    decode_tok_s, 64 greedy steps after a 256-token prompt), JSON from -o;
+#  - the bandwidth limit: bandwidth / weight bytes read per token. Bytes counted from the file's header: the whole
+#    weight section, except that an untied model reads one embedding row, not the embedding (the q8 file's case);
+#    the f32 file is tied, so its embedding is read in full as the classifier. KV reads (about 11.8 MB per token at
+#    context 256 in f32) are left out, so the fraction shown is conservative;
+#  - batched evaluation: ./run -m ppl on the first 2,048 tokens of the Debian Reference (f32, `full` plus the shadow:
+#    2 runs per token), -chunk 64 against -chunk 1, tok/s per policy run as ppl reports it;
+#  - optionally llama.cpp: LLAMA_BENCH=/path/llama-bench with LLAMA_F32=... and LLAMA_Q8=... GGUFs runs
+#    `llama-bench -p 0 -n 128 -t THREADS` on each, in the same rounds (llama.cpp is never a dependency).
+# Rounds are interleaved (bw, f32, q8, [llama f32, llama q8], ppl 64, ppl 1), min/median/max over BENCH_RUNS rounds
+# (default 5; BENCH_PPL_RUNS, default 3, of them also run ppl). Threads: OMP_NUM_THREADS (default 2). The load
+# average is printed at the start and the end: on a busy machine the figures are not the machine's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${BENCH_RUNS:-5}
+PPL_RUNS=${BENCH_PPL_RUNS:-3}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+F32=models/smollm2-135m-instruct.bin
+Q8=models/smollm2-135m-instruct.q8.bin
+GGUF=.cache/SmolLM2-135M-Instruct.Q4_1.gguf
+TEXT=/usr/share/debian-reference/debian-reference.en.txt.gz
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+[ -f "$F32" ] || make model
+[ -f "$Q8" ] || ./export "$GGUF" "$Q8" --wtype q8
+[ -f "$TEXT" ] || { echo "bench: $TEXT is missing (apt-get install debian-reference-en)"; exit 1; }
+# the first 2,048 tokens: the longest prefix of the text (whole lines) that tokenizes to at most 2,048 tokens
+zcat "$TEXT" | head -c 20000 >"$tmp/head.txt"
+lo=1000; hi=20000
+while [ $((hi - lo)) -gt 8 ]; do
+    mid=$(((lo + hi) / 2))
+    n=$(head -c $mid "$tmp/head.txt" | ./run "$F32" -m tokenize -f /dev/stdin 2>/dev/null | wc -w)
+    if [ "$n" -le 2048 ]; then lo=$mid; else hi=$mid; fi
+done
+head -c $lo "$tmp/head.txt" >"$tmp/ppl.txt"
+ppl_tokens=$(./run "$F32" -m tokenize -f "$tmp/ppl.txt" 2>/dev/null | wc -w)
+
+# weight bytes read per decoded token, from the header (docs/FORMAT.md)
+bytes_per_token() {
+    local h; h=($(od -An -t d4 -j 8 -N 48 "$1")); local w; w=$(od -An -t u8 -j 88 -N 8 "$1" | xargs)
+    local dim=${h[0]} vocab=${h[6]} tied=${h[9]}
+    if [ "$tied" -eq 1 ]; then echo "$w"
+    else echo $((w - (vocab * dim * 4 + 63) / 64 * 64 + dim * 4)); fi
+}
+B_F32=$(bytes_per_token "$F32"); B_Q8=$(bytes_per_token "$Q8")
+
+decode() {   # MODEL -> decode tok/s at context 256
+    rm -f "$tmp/b.jsonl"
+    ./run "$1" -m bench -c 320 -n 64 -o "$tmp/b.jsonl" 2>/dev/null
+    grep '"context":256,' "$tmp/b.jsonl" | grep -o '"decode_tok_s":[0-9.]*' | cut -d: -f2 | grep . ||
+        { echo "bench: ./run $1 -m bench gave no context-256 record" >&2; exit 1; }
+}
+ppl() {   # CHUNK -> tok/s per policy run
+    ./run "$F32" -m ppl -f "$tmp/ppl.txt" -c 2048 -chunk "$1" 2>&1 | grep -o '[0-9.]* tok/s per policy run' | cut -d' ' -f1 |
+        grep . || { echo "bench: ./run -m ppl -chunk $1 failed" >&2; exit 1; }
+}
+llama() {   # GGUF -> tok/s
+    "$LLAMA_BENCH" -m "$1" -p 0 -n 128 -t "$OMP_NUM_THREADS" -o json 2>/dev/null | grep -o '"avg_ts": *[0-9.]*' | grep -o '[0-9.]*$'
+}
+
+echo "bench: $(nproc) cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, $RUNS rounds ($PPL_RUNS with ppl), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench: weight bytes read per token: f32 $B_F32, q8 $B_Q8; ppl text: $ppl_tokens tokens of the Debian Reference"
+declare -A R
+for r in $(seq 1 "$RUNS"); do
+    R[bw]+="$(build/bw 512 7 | awk '{print $NF}') "
+    R[bw_last]=$(echo ${R[bw]} | awk '{print $NF}')
+    f=$(decode "$F32"); q=$(decode "$Q8")
+    R[f32]+="$f "; R[q8]+="$q "
+    R[f32_frac]+="$(awk -v t="$f" -v bw="${R[bw_last]}" -v b="$B_F32" 'BEGIN { printf "%.4f", t / (bw * 1e9 / b) }') "
+    R[q8_frac]+="$(awk -v t="$q" -v bw="${R[bw_last]}" -v b="$B_Q8" 'BEGIN { printf "%.4f", t / (bw * 1e9 / b) }') "
+    if [ -n "${LLAMA_BENCH:-}" ]; then
+        [ -n "${LLAMA_F32:-}" ] && R[llama_f32]+="$(llama "$LLAMA_F32") "
+        [ -n "${LLAMA_Q8:-}" ] && R[llama_q8]+="$(llama "$LLAMA_Q8") "
+    fi
+    if [ "$r" -le "$PPL_RUNS" ]; then
+        c64=$(ppl 64); c1=$(ppl 1)
+        R[ppl64]+="$c64 "; R[ppl1]+="$c1 "
+        R[ppl_x]+="$(awk -v a="$c64" -v b="$c1" 'BEGIN { printf "%.2f", a / b }') "
+    fi
+    echo "bench: round $r: bw ${R[bw_last]} GB/s, decode f32 $f q8 $q tok/s${c64:+, ppl chunk 64 $c64 chunk 1 $c1 tok/s}"
+    c64=
+done
+stats() {   # values... -> "min median max"
+    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%10.3f %10.3f %10.3f", v[1], v[int((NR + 1) / 2)], v[NR] }'
+}
+printf '\n%-44s %10s %10s %10s\n' "figure" "min" "median" "max"
+row() { [ -n "${R[$2]:-}" ] && printf '%-44s %s\n' "$1" "$(stats ${R[$2]})"; return 0; }
+row "read bandwidth, GB/s" bw
+row "decode f32, tok/s (context 256)" f32
+row "  fraction of bandwidth limit (same round)" f32_frac
+row "decode q8, tok/s (context 256)" q8
+row "  fraction of bandwidth limit (same round)" q8_frac
+row "llama.cpp f32 (llama-bench -n 128), tok/s" llama_f32
+row "llama.cpp Q8_0 (llama-bench -n 128), tok/s" llama_q8
+row "ppl f32 -chunk 64, tok/s per run" ppl64
+row "ppl f32 -chunk 1, tok/s per run" ppl1
+row "  speed-up (same round)" ppl_x
+echo "bench: load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

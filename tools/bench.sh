@@ -28,8 +28,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 [ -f "$F32" ] || make model
 [ -f "$Q8" ] || ./export "$GGUF" "$Q8" --wtype q8
 [ -f "$TEXT" ] || { echo "bench: $TEXT is missing (apt-get install debian-reference-en)"; exit 1; }
-# the first 2,048 tokens: the longest prefix of the text (whole lines) that tokenizes to at most 2,048 tokens
-zcat "$TEXT" | head -c 20000 >"$tmp/head.txt"
+# the first 2,048 tokens: the longest byte prefix of the text (to 8 bytes) that tokenizes to at most 2,048 tokens
+{ zcat "$TEXT" || true; } | head -c 20000 >"$tmp/head.txt"   # zcat stops on SIGPIPE
 lo=1000; hi=20000
 while [ $((hi - lo)) -gt 8 ]; do
     mid=$(((lo + hi) / 2))
@@ -62,11 +62,11 @@ llama() {   # GGUF -> tok/s
     "$LLAMA_BENCH" -m "$1" -p 0 -n 128 -t "$OMP_NUM_THREADS" -o json 2>/dev/null | grep -o '"avg_ts": *[0-9.]*' | grep -o '[0-9.]*$'
 }
 
-echo "bench: $(nproc) cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, $RUNS rounds ($PPL_RUNS with ppl), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench: $(getconf _NPROCESSORS_ONLN) cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, $RUNS rounds ($PPL_RUNS with ppl), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "bench: weight bytes read per token: f32 $B_F32, q8 $B_Q8; ppl text: $ppl_tokens tokens of the Debian Reference"
 declare -A R
 for r in $(seq 1 "$RUNS"); do
-    R[bw]+="$(build/bw 512 7 | awk '{print $NF}') "
+    R[bw]+="$(build/bw 512 7 | awk '{print $(NF - 1)}') "
     R[bw_last]=$(echo ${R[bw]} | awk '{print $NF}')
     f=$(decode "$F32"); q=$(decode "$Q8")
     R[f32]+="$f "; R[q8]+="$q "

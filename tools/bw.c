@@ -1,7 +1,7 @@
 /* bw: the machine's read bandwidth as decode sees it: an f32 sum over a 512 MiB array (far larger than any cache),
  * split over OpenMP threads (OMP_NUM_THREADS) in contiguous ranges, best of several passes. Each thread sums into 16
  * lanes so the loop vectorizes without -ffast-math. It measures reads only (no writes, no copies).
- * Usage: bw [MiB] [passes]   (default 512 MiB, 7 passes). Prints one line; the last field is GB/s (1e9 bytes/s).
+ * Usage: bw [MiB] [passes]   (default 512 MiB, 7 passes). Prints one line ending "X GB/s" (1e9 bytes/s).
  */
 #include <stdio.h>
 #include <stdlib.h>

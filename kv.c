@@ -198,6 +198,8 @@ static void rope_apply(float *x, const KVShape *s, const float *cs) {
     }
 }
 
+void kv_rope_cs(float *cs, const KVShape *s, int pos) { rope_cs(cs, s, pos); }
+
 void kv_rope(float *x, const KVShape *s, int pos) {
     float cs[s->head_dim];
     rope_cs(cs, s, pos);
@@ -528,6 +530,7 @@ void kv_cache_reset(KVCache *c) {
         for (int s = 0; s < R; s++) ln->free_r[s] = B - 1 - s;
         memset(ln->meta, 0, (size_t)B * c->meta_bytes);
     }
+    if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_RESET, -1, -1, -1, -1, -1, NULL, NULL);
     c->policy.prompt_len = 0;
     if (c->policy.ops && c->policy.ops->reset) c->policy.ops->reset(&c->policy);
     c->live_bytes = 0;
@@ -568,14 +571,17 @@ static void lane_free(KVCache *c, int l, int g, KVLane *ln, const int *slots, co
         c->n_evictions++;
     }
     int w = 0;
-    for (int i = 0; i < ln->n_live; i++)
-        if (ln->pos[ln->live[i]] >= 0) ln->live[w++] = ln->live[i];
+    for (int i = 0; i < ln->n_live; i++) {
+        int s = ln->live[i];
+        if (ln->pos[s] >= 0) ln->live[w++] = s;
+        else if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_FREE, l * c->shape.n_kv_heads + g, s, -1, i, -1, NULL, NULL);
+    }
     ln->n_live = w;
 }
 
 /* A free slot for a new token: an f32 slot when there is a residual region (moving its oldest token to the typed
  * region first when it is full), else a typed slot. The lane holds at most budget-1 tokens here. */
-static int lane_take_slot(KVCache *c, KVLane *ln) {
+static int lane_take_slot(KVCache *c, KVLane *ln, int lane) {
     int R = c->residual, Q = c->budget - R, hd = c->shape.head_dim;
     if (R == 0) return ln->free_q[--ln->n_free_q];
     if (ln->n_free_r == 0) {
@@ -588,6 +594,7 @@ static int lane_take_slot(KVCache *c, KVLane *ln) {
         memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
         ln->live[i] = to;
         ln->free_r[ln->n_free_r++] = from;
+        if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_MOVE, lane, to, from, i, ln->pos[to], NULL, NULL);
         c->live_bytes = c->live_bytes - token_bytes(c, 1) + token_bytes(c, 0);
     }
     return ln->free_r[--ln->n_free_r];
@@ -608,7 +615,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
             lane_free(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
         }
         /* step 2: store */
-        int slot = lane_take_slot(c, ln);
+        int slot = lane_take_slot(c, ln, lane);
         memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
         if (c->spec.pos == POS_ORIG) rope_apply(tmp, s, rope_at(c, t));
         if (slot < Q) {
@@ -624,6 +631,8 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
         if (ln->n_live > ln->peak_live) ln->peak_live = ln->n_live;
         memset(ln->meta + (size_t)slot * c->meta_bytes, 0, c->meta_bytes);
+        if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_STORE, lane, slot, -1, ln->n_live - 1, t, k + (size_t)g * hd,
+                                  v + (size_t)g * hd);
         if (ops->on_insert) ops->on_insert(&c->policy, lane, ln, slot, t);
     }
     return 0;
@@ -651,7 +660,6 @@ static const float *lane_value(const KVCache *c, const KVLane *ln, int i, float 
 
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
-    const KVPolicyOps *ops = c->policy.ops;
     int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv, budget = c->budget;
     float scale = 1.0f / sqrtf((float)hd);
     /* step 3. Lanes are independent and each is computed by one thread: any thread count gives the same bits. Small
@@ -695,6 +703,12 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             }
         }
     }
+    kv_attend_policy(c, l, t);
+}
+
+void kv_attend_policy(KVCache *c, int l, int t) {
+    const KVPolicyOps *ops = c->policy.ops;
+    int n_kv = c->shape.n_kv_heads, group = c->shape.n_heads / n_kv, budget = c->budget;
     /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */
     if (ops->on_attend)
         for (int g = 0; g < n_kv; g++) {

@@ -194,6 +194,17 @@ typedef struct {
 typedef void (*KVEvictFn)(void *ctx, int pos_now, int layer, int kv_head, int evicted_pos, double score,
                           const char *reason);
 
+/* Changes to a lane's slots, reported in order to an optional observer: the CUDA mirror (attn.cu), which is told
+ * which slots changed instead of rescanning or copying the cache (the reason for the index-list design above).
+ *   KV_SLOT_STORE  this step's k, v (before RoPE) went into `slot`, now the lane's last live entry (`rank`);
+ *   KV_SLOT_MOVE   the residual token in f32 slot `from` was encoded into typed slot `slot`; live[rank] changed;
+ *   KV_SLOT_FREE   `slot` was freed; live entries from `rank` on are no longer where they were (compaction);
+ *   KV_SLOT_RESET  every lane is empty (lane, slot, from, rank are -1).
+ * Within one kv_append a MOVE comes before the STORE that reuses its f32 slot. */
+typedef enum { KV_SLOT_STORE, KV_SLOT_MOVE, KV_SLOT_FREE, KV_SLOT_RESET } KVSlotEvent;
+typedef void (*KVSlotFn)(void *ctx, KVSlotEvent ev, int lane, int slot, int from, int rank, int pos,
+                         const float *k, const float *v);   /* STORE: position, k and v (head_dim each, k before RoPE) */
+
 struct KVCache {
     KVShape shape;
     KVSpec spec;
@@ -218,6 +229,8 @@ struct KVCache {
     size_t peak_live_bytes;
     KVEvictFn on_evict; void *evict_ctx;
     int n_evictions;         /* tokens evicted, all lanes, since init */
+    KVSlotFn on_slot; void *slot_ctx;   /* the device mirror's observer, or NULL */
+    void *device;            /* the device mirror (AttnDevice, attn.h) when attention runs on a GPU; NULL: the CPU */
 };
 
 /* Create a cache for a model shape from a parsed spec (the policy's own keys are checked here). Budget: spec->budget
@@ -244,10 +257,16 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * kernels are checked against. The probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run
  * in parallel under OpenMP; each output is computed by one thread, so any thread count gives the same bits. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q);
+/* Step 4 alone: show the policy the probabilities in c->scores (per query head, rank order, as kv_attend_cpu leaves
+ * them), then on_layer_done and prune. kv_attend_cpu ends with it; a device path calls it after copying its
+ * probabilities into c->scores, so the policy code is the same on every device. */
+void kv_attend_policy(KVCache *c, int l, int t);
 
 /* RoPE in place on one head vector x (head_dim) at position pos (RoFormer, Su et al. 2021, eq. 34; pairing per
  * shape->rope_pairing; frequencies theta^(-2i/head_dim), divided by rope_factors[i] when present). */
 void kv_rope(float *x, const KVShape *shape, int pos);
+/* The cos, sin table kv_rope uses for position pos: cs (head_dim/2, 2), angles in double, then rounded to float. */
+void kv_rope_cs(float *cs, const KVShape *shape, int pos);
 
 /* Bytes of one stored vector of head_dim elements in type ty (scales included). */
 size_t kv_vector_bytes(KVType ty, int head_dim);
@@ -268,8 +287,14 @@ void kv_describe(const KVCache *c, char *buf, size_t len);
  * positions, returns count. */
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max);
 
-/* ---- storage type conversions (IEEE 754 binary16, bfloat16), round to nearest even; shared by export.c ---- */
-static inline float kv_f16_to_f32(uint16_t h) {
+/* ---- storage type conversions (IEEE 754 binary16, bfloat16), round to nearest even; shared by export.c and, compiled
+ * for the device too (KV_HD), by attn.cu ---- */
+#ifdef __CUDACC__
+#define KV_HD __host__ __device__
+#else
+#define KV_HD
+#endif
+static inline KV_HD float kv_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {
         if (man == 0) bits = sign;
@@ -282,7 +307,7 @@ static inline float kv_f16_to_f32(uint16_t h) {
     else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
     float f; memcpy(&f, &bits, 4); return f;
 }
-static inline uint16_t kv_f32_to_f16(float f) {
+static inline KV_HD uint16_t kv_f32_to_f16(float f) {
     uint32_t x; memcpy(&x, &f, 4);
     uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
     if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
@@ -300,8 +325,8 @@ static inline uint16_t kv_f32_to_f16(float f) {
     if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
     return (uint16_t)(sign | r);
 }
-static inline float kv_bf16_to_f32(uint16_t h) { uint32_t b = (uint32_t)h << 16; float f; memcpy(&f, &b, 4); return f; }
-static inline uint16_t kv_f32_to_bf16(float f) {
+static inline KV_HD float kv_bf16_to_f32(uint16_t h) { uint32_t b = (uint32_t)h << 16; float f; memcpy(&f, &b, 4); return f; }
+static inline KV_HD uint16_t kv_f32_to_bf16(float f) {
     uint32_t x; memcpy(&x, &f, 4);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);   /* quiet NaN stays NaN */
     return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);

@@ -2,6 +2,9 @@
 # exports SmolLM2-135M-Instruct; `make debug` builds with AddressSanitizer + UndefinedBehaviorSanitizer into
 # build/debug, `make test-debug` runs the whole test suite on that build (any sanitizer report fails it);
 # `make fuzz` runs the libFuzzer targets (tools/fuzz.sh; FUZZ_SECONDS per target).
+# CUDA: when nvcc is found (PATH or /usr/local/cuda), attn.cu is compiled for sm_90 plus compute_90 PTX and linked with
+# the static CUDA runtime, so ./run starts on machines without a GPU or driver (and then runs on the CPU); `make NVCC=`
+# builds CPU-only. Either way tests/test_attn.cu runs the kernels' CPU twin (attn.cu compiled as C++ without nvcc).
 CC      ?= cc
 OPT     ?= -O3 -march=native
 CFLAGS  ?= $(OPT) -g -Wall -Wextra -Wno-unused-parameter -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
@@ -12,22 +15,39 @@ CFLAGS  += -DKVLAB_GIT='"$(GIT)"'
 BUILD   ?= build
 OUT     ?= .
 TESTBIN ?= tests/bin
+CXX     ?= c++
+CXXFLAGS = $(OPT) -g -Wall -Wextra -Wno-unused-parameter -std=c++17 -ffp-contract=off
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+# sm_90 code for H100/H200, and compute_90 PTX that newer GPUs compile at load time
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+ifneq ($(NVCC),)
+CUDA_DEF  := -DKVLAB_CUDA
+CUDA_O    := $(BUILD)/attn.o
+CUDA_LIBS := -L$(dir $(NVCC))../lib64 -lcudart_static -ldl -lpthread -lrt -lstdc++
+CUDA_MSG  := built (sm_90 + PTX)
+TWIN_O    := $(CUDA_O)
+else
+CUDA_MSG  := not built (no nvcc)
+TWIN_O    := $(BUILD)/attn_twin.o
+endif
+CFLAGS  += $(CUDA_DEF)
 
 # The engine's objects, shared by ./run, ./export and the tests. run.c and export.c are also compiled with
 # KVLAB_NO_MAIN so tests can call their loaders and parsers.
 ENGINE  := kv policies tokenizer eval
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
-LIB_O   := $(ENGINE_O) $(BUILD)/run_lib.o $(BUILD)/export_lib.o
+LIB_O   := $(ENGINE_O) $(BUILD)/run_lib.o $(BUILD)/export_lib.o $(CUDA_O)
+LDLIBS  += $(CUDA_LIBS)
 TESTS   := $(patsubst tests/%.c,$(TESTBIN)/%,$(wildcard tests/test_*.c))
 # each fuzz target also builds with an ordinary main (tests/fuzz/replay_main.c) that replays files through it
 REPLAYS := $(patsubst tests/fuzz/fuzz_%.c,$(TESTBIN)/replay_%,$(wildcard tests/fuzz/fuzz_*.c))
-HDRS    := $(wildcard *.h)
+HDRS    := $(wildcard *.h) $(BUILD)/cuda.flag
 
-.PHONY: all test debug test-debug fuzz model clean bench
+.PHONY: all test debug test-debug fuzz model clean bench FORCE
 all: $(OUT)/run $(OUT)/export
-	@echo "kvlab: built $(OUT)/run and $(OUT)/export (CPU$(if $(OMP), + OpenMP,); CUDA: not built)"
+	@echo "kvlab: built $(OUT)/run and $(OUT)/export (CPU$(if $(OMP), + OpenMP,); CUDA: $(CUDA_MSG))"
 
-$(OUT)/run: $(ENGINE_O) $(BUILD)/run.o
+$(OUT)/run: $(ENGINE_O) $(BUILD)/run.o $(CUDA_O)
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)
 $(OUT)/export: $(BUILD)/export.o
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)
@@ -38,22 +58,33 @@ $(BUILD)/%_lib.o: %.c $(HDRS) | $(BUILD)
 	$(CC) $(CFLAGS) $(OMP) -DKVLAB_NO_MAIN -c -o $@ $<
 $(BUILD):
 	mkdir -p $@
+# objects depend on whether this build has CUDA (-DKVLAB_CUDA): the flag file changes only when that does
+$(BUILD)/cuda.flag: FORCE | $(BUILD)
+	@echo '$(CUDA_DEF)' | cmp -s - $@ || echo '$(CUDA_DEF)' > $@
+FORCE:
+$(BUILD)/attn.o: attn.cu $(HDRS) | $(BUILD)
+	$(NVCC) $(NVFLAGS) $(CUDA_DEF) -Xcompiler -ffp-contract=off,-Wall,-Wextra,-Wno-unused-parameter -I. -c -o $@ $<
+$(BUILD)/attn_twin.o: attn.cu $(HDRS) | $(BUILD)
+	$(CXX) $(CXXFLAGS) $(OMP) -x c++ -I. -c -o $@ $<
 
 $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
+$(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h | $(TESTBIN)
+	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<
+	$(CC) $(CFLAGS) $(OMP) -o $@ $(BUILD)/test_attn.o $(sort $(LIB_O) $(TWIN_O)) $(LDLIBS) -lstdc++
 $(TESTBIN)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(LIB_O) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< tests/fuzz/replay_main.c $(LIB_O) $(LDLIBS)
 $(TESTBIN):
 	mkdir -p $@
 
 # the shell tests run $KVLAB_RUN and $KVLAB_EXPORT (./run and ./export by default)
-test: all $(TESTS) $(REPLAYS)
+test: all $(TESTS) $(TESTBIN)/test_attn $(REPLAYS)
 	KVLAB_RUN=$(OUT)/run KVLAB_EXPORT=$(OUT)/export tests/run.sh $(TESTBIN)
 
 # Sanitizer build: everything (./run, ./export, tests) in build/debug; any report (leaks included) aborts the
 # process (SIGABRT, so a bad-input test that expects an ordinary error exit fails too).
 # KVLAB_SANITIZE=1 lets the tests skip the SmolLM2 goldens (minutes under ASan; the normal build runs them).
-DEBUG_VARS := BUILD=build/debug OUT=build/debug TESTBIN=build/debug/tests \
+DEBUG_VARS := NVCC= BUILD=build/debug OUT=build/debug TESTBIN=build/debug/tests \
               OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
 debug:
 	$(MAKE) $(DEBUG_VARS) all

@@ -7,6 +7,7 @@
  * q_dim (= n_heads * head_dim), vocab_size, seq_len. Indices: l layer, h head, t position, i row.
  */
 #include "run.h"
+#include "attn.h"
 #include "quant.h"
 
 #include <errno.h>
@@ -427,7 +428,9 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
         int pos = s->pos0 + t;
         t0 = now_s();
         if (kv_append(cache, l, pos, s->k + (size_t)t * kv_dim, s->v + (size_t)t * kv_dim)) return -1;
-        kv_attend_cpu(cache, s->att + (size_t)t * q_dim, l, pos, s->q + (size_t)t * q_dim);
+        if (cache->device)   /* the device mirror (attn.cu): same steps, same policy code */
+            attn_dev_attend(cache, s->att + (size_t)t * q_dim, l, pos, s->q + (size_t)t * q_dim, s->after_attn != NULL);
+        else kv_attend_cpu(cache, s->att + (size_t)t * q_dim, l, pos, s->q + (size_t)t * q_dim);
         timer_add(&s->t_attn, t0);
         if (s->after_attn) s->after_attn(s->hook_ctx, l, cache, pos);
     }
@@ -899,6 +902,8 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
 
 static void print_summary(Session *se, const Options *o) {
     KVBytes b = kv_bytes(&se->cache);
+    char dev[256];
+    attn_dev_describe(&se->cache, dev, sizeof dev);
     if (o->verbose) {
         const KVShape *sh = &se->cache.shape;
         fprintf(stderr, "layer  KiB allocated  KiB live  live slots per kv head (peak)\n");
@@ -921,10 +926,10 @@ static void print_summary(Session *se, const Options *o) {
     }
     double tps = se->n_gen > 1 && se->t_decode > 0 ? (se->n_gen - 1) / se->t_decode : 0;
     fprintf(stderr, "prompt %d tok (%.1f tok/s), generated %d tok, %.2f tok/s, kv %s budget %d: %.2f MiB allocated "
-            "(formula 2*L*kvh*hd*tokens*bytes = %.2f MiB), %.2f MiB live, peak %.2f MiB; peak RSS %.1f MiB; device cpu\n",
+            "(formula 2*L*kvh*hd*tokens*bytes = %.2f MiB), %.2f MiB live, peak %.2f MiB; peak RSS %.1f MiB; %s\n",
             se->n_prompt, se->t_prompt > 0 ? se->n_prompt / se->t_prompt : 0, se->n_gen, tps, se->cache.spec.text,
             se->cache.policy.budget, b.total_alloc / 1048576.0, b.formula_alloc / 1048576.0, b.total_live / 1048576.0,
-            b.peak_live / 1048576.0, peak_rss_kib() / 1024.0);
+            b.peak_live / 1048576.0, peak_rss_kib() / 1024.0, dev);
 }
 
 char *read_file(const char *path, size_t *len) {
@@ -1156,13 +1161,20 @@ int main(int argc, char **argv) {
         return EXIT_FAILURE;
     }
     if (o.help) { usage(stdout); return 0; }
-    if (!strcmp(o.device, "cuda")) fatal("-d cuda: this build has no CUDA attention (attn.cu is not built yet); use -d cpu");
     Model m;
     if (model_open(&m, o.model_path, err, sizeof err)) fatal("%s", err);
     if (!strcmp(o.mode, "tokenize")) { run_tokenize(&m, &o); model_close(&m); return 0; }
     if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return 0; }
     if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
                           o.model_path);
+    /* the device: -d cpu, -d cuda, or (default) cuda when this build has it and a GPU is usable */
+    char dev_name[256], why[256];
+    int cuda = strcmp(o.device, "cpu") && attn_cuda_usable(dev_name, sizeof dev_name, why, sizeof why);
+    if (!cuda && !strcmp(o.device, "cuda")) fatal("-d cuda: %s; use -d cpu", why);
+    if (!cuda && ATTN_CUDA_BUILT && strcmp(o.device, "cpu"))
+        fprintf(stderr, "run: note: %s: attention runs on the CPU\n", why);
+    if (cuda && strcmp(o.mode, "generate") && strcmp(o.mode, "chat"))
+        fprintf(stderr, "run: note: -m %s runs attention on the CPU (the CUDA path serves generate and chat)\n", o.mode);
     if (!strcmp(o.mode, "ppl")) { run_ppl(&m, &o); model_close(&m); return 0; }
     if (!strcmp(o.mode, "bench")) { run_bench(&m, &o); model_close(&m); return 0; }
     if (!strcmp(o.mode, "passkey")) { run_passkey(&m, &o); model_close(&m); return 0; }
@@ -1171,9 +1183,14 @@ int main(int argc, char **argv) {
     uint64_t seed = o.seed_set ? o.seed : (uint64_t)time(NULL);
     Session se;
     session_init(&se, &m, &o, seed);
+    if (cuda && attn_dev_attach(&se.cache, err, sizeof err)) {
+        if (!strcmp(o.device, "cuda")) fatal("-d cuda: %s", err);
+        fprintf(stderr, "run: note: %s: attention runs on the CPU\n", err);
+    }
     if (!strcmp(o.mode, "chat")) run_chat(&se, &o);
     else run_generate(&se, &o);
     print_summary(&se, &o);
+    attn_dev_detach(&se.cache);
     session_free(&se);
     model_close(&m);
     return 0;

@@ -538,8 +538,11 @@ int sample(Sampler *sp, float *logits) {
  * Command line (DESIGN.md, CLI). Numbers are parsed strictly: the whole string, in range, or an error.
  * ------------------------------------------------------------------------------------------------------------- */
 
+/* strtol and strtod skip leading white space; a number on the command line has none */
+static int starts_like_number(const char *s) { return (*s >= '0' && *s <= '9') || *s == '-' || *s == '+' || *s == '.'; }
+
 int parse_long(const char *s, long lo, long hi, long *out) {
-    if (!s || !*s) return -1;
+    if (!s || !starts_like_number(s)) return -1;
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
@@ -549,7 +552,7 @@ int parse_long(const char *s, long lo, long hi, long *out) {
 }
 
 int parse_float(const char *s, double lo, double hi, double *out) {
-    if (!s || !*s) return -1;
+    if (!s || !starts_like_number(s)) return -1;
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -647,7 +650,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
             char *end;
             errno = 0;
             unsigned long long s = strtoull(v, &end, 10);
-            if (errno || *end || end == v || *v == '-')
+            if (errno || *end || end == v || *v < '0' || *v > '9')
                 return errorf(err, errlen, "bad -s '%s': a seed in [0, 2^64)", v);
             o->seed = s;
             o->seed_set = 1;

@@ -58,6 +58,9 @@ expect_error "-t -1" "bad -t '-1'" "$RUN" "$M" -t -1
 expect_error "-n abc" "bad -n 'abc'" "$RUN" "$M" -n abc
 expect_error "-n -5" "bad -n '-5'" "$RUN" "$M" -n -5
 expect_error "-c 0" "bad -c '0'" "$RUN" "$M" -c 0
+expect_error "-n with a leading space" "bad -n ' 5'" "$RUN" "$M" -n " 5"
+expect_error "-s with a leading space" "bad -s ' 5'" "$RUN" "$M" -s " 5"
+expect_error "-t nan" "bad -t 'nan'" "$RUN" "$M" -t nan
 expect_error "-s -1" "bad -s '-1'" "$RUN" "$M" -s -1
 expect_error "unknown mode" "unknown mode '-m sing'" "$RUN" "$M" -m sing
 expect_error "unknown flag" "unknown flag '-q'" "$RUN" "$M" -q

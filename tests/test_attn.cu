@@ -109,7 +109,7 @@ static const TypeCase TYPES[] = {
 typedef struct {
     double out_err, prob_err;   /* worst relative output error, worst absolute probability error */
     int configs, nonfinite, bytes_bad, sentinel_bad, attends;
-    char where[200], bytes_msg[300], sentinel_msg[300];
+    char where[200], bytes_msg[512], sentinel_msg[512];
 } Tally;
 
 /* Fill a cache with one token stream and compare the mirror's attention with kv_attend_cpu's at a few steps and at the

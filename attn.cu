@@ -775,7 +775,7 @@ static size_t mirror_stage(AttnDevice *d, const KVCache *c, int l, int t, const 
         nl[j] = c->lanes[l * g->n_kv + j].n_live;
         if (nl[j] > n_max) n_max = nl[j];
     }
-    memcpy(st + off[H_OPS], d->ops, (size_t)d->n_ops * sizeof(Op));
+    if (d->n_ops) memcpy(st + off[H_OPS], d->ops, (size_t)d->n_ops * sizeof(Op));   /* ops may be NULL when none */
     int *segs = (int *)(void *)(st + off[H_SEGS]), *sd = (int *)(void *)(st + off[H_SEGDATA]), s = 0;
     for (int i = 0; i < g->n_lanes; i++) {
         const KVLane *ln = &c->lanes[i];
@@ -788,7 +788,7 @@ static size_t mirror_stage(AttnDevice *d, const KVCache *c, int l, int t, const 
         }
         d->dirty[i] = g->budget;
     }
-    memcpy(st + off[H_POOL], d->pool, d->n_pool * sizeof(float));
+    if (d->n_pool) memcpy(st + off[H_POOL], d->pool, d->n_pool * sizeof(float));
     d->n_ops = 0;
     d->n_pool = 0;
     *n_max_out = n_max;

@@ -1,0 +1,558 @@
+#!/usr/bin/env bash
+# make report: kvlab's evaluation of KV-cache policies on SmolLM2-135M-Instruct and the Debian Reference text, written
+# to report/REPORT.md with PNG plots (gnuplot). Issue 5, item 6.
+#
+#   make report                       the full grid (REPORT_TOKENS=8192 tokens; the target is 2 hours on 2 cores:
+#                                     the estimate printed first says whether this machine makes it)
+#   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384) to test the script
+#   REPORT_TOKENS=N                   the stream length (budgets scale with it: see "grid" below)
+#   REPORT_PASSKEY_CTX=P              passkey -c (full grid; default 1024: lengths 256, 512, 1024)
+#   REPORT_FORCE=1                    rerun every measurement (by default one whose JSON is complete is reused)
+#   REPORT_PLOTS_ONLY=1               only rebuild the plots and REPORT.md from report/*.dat
+#   OMP_NUM_THREADS                   threads (default: nproc)
+#
+# What it runs (every figure's command line is written into REPORT.md, from the "cmd" field of the JSON):
+#   main    ./run -m ppl over the first N tokens, -c N: full, window and sink at budgets S and L, the sink-count sweep
+#           0/1/2/4/8 at S with pos=cache, window/h2o/tova/scissorhands/random at 10% and 20% of N; -tokenlog
+#   quant   ./run -m ppl, same text and -c: f16/q8/q4 storage (± residual=64), q4 keys with q8 values and the
+#           reverse, and h2o at 20% stored in q8 and q4 (one frontier with the evicting caches)
+#   pos     ./run -m ppl over 3N tokens, -c N: sink:L with pos=orig and pos=cache (past the trained context); -tokenlog
+#   passkey ./run -m passkey -c P: full, window, sink, h2o, tova at budget P/8 (depth x length grid + two turns)
+# All runs use -chunk 64 (batched, bit-identical to token by token). Each run writes JSON lines (-o) to
+# report/NAME.dat and its stderr to report/NAME.log.dat (raw data: /report/*.dat is not committed).
+#
+# First it measures throughput (two short ppl runs and a short greedy decode) and prints an estimate of this grid's
+# time and of the full grid's, from a cost model: per token a fixed cost (matmuls), plus a cost per attended token.
+#
+# Dependencies: gnuplot (pngcairo or png), awk, python3 (small data wrangling), the Debian Reference text; missing
+# ones are installed with apt-get (gnuplot-nox, debian-reference-en).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T_START=$(date +%s)
+QUICK=${REPORT_QUICK:-0}
+if [ "$QUICK" = 1 ]; then N=${REPORT_TOKENS:-512}; else N=${REPORT_TOKENS:-8192}; fi
+NPROC=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # nproc alone obeys OMP_NUM_THREADS
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$NPROC}
+MODEL=models/smollm2-135m-instruct.bin
+GZ=/usr/share/debian-reference/debian-reference.en.txt.gz
+R=report
+CHUNK=64
+mkdir -p "$R"
+say() { echo "report: $*" >&2; }
+
+# ---- dependencies -----------------------------------------------------------------------------------------------
+need=()
+command -v gnuplot >/dev/null 2>&1 || need+=(gnuplot-nox)
+[ -f "$GZ" ] || need+=(debian-reference-en)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+    say "installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y "${need[@]}" || { $SUDO apt-get update && $SUDO apt-get install -y "${need[@]}"; }
+fi
+# libgd's png terminal writes small palette PNGs (tens of KB); pngcairo's antialiased truecolor ones are 3-10x larger
+if gnuplot -e 'set terminal' 2>&1 | grep -qw png; then PNG_T="png noenhanced font 'Sans,9'"
+else PNG_T="pngcairo noenhanced font 'Sans,9'"; fi
+TERM_PNG="$PNG_T size 900,560"
+[ -x ./run ] || make all
+[ -f "$MODEL" ] || make model
+
+# ---- grid -------------------------------------------------------------------------------------------------------
+# budgets: S and L (256 and 1024 at N=8192: N/32 and N/8), B10 and B20 (10% and 20% of N: 820 and 1640 at 8192)
+S=$((N / 32)); L=$((N / 8)); B10=$(((N + 9) / 10)); B20=$((2 * B10))
+[ "$S" -ge 16 ] || { echo "report: REPORT_TOKENS=$N is too small (budgets would be under 16 tokens)" >&2; exit 1; }
+if [ "$QUICK" = 1 ]; then
+    MAIN=(full "window:$S" "window:$L" "sink:$S" "sink:$L" "sink:$S,pos=cache,sinks=0" "sink:$S,pos=cache,sinks=1"
+          "sink:$S,pos=cache" "window:$B10" "h2o:$B10" "h2o:$B20" "tova:$B10" "scissorhands:$B10" "random:$B10")
+    QUANT=("full,type=q8" "full,type=q4" "full,type=q4,residual=64" "full,ktype=q4,vtype=q8")
+    PK_C=384
+    PK=(full "window:$((PK_C / 8))" "h2o:$((PK_C / 8))")
+    POS_C=$((N / 2)); POS_B=$((POS_C / 4))
+else
+    MAIN=(full "window:$S" "window:$L" "sink:$S" "sink:$L")
+    for k in 0 1 2 4 8; do MAIN+=("sink:$S,pos=cache,sinks=$k"); done
+    for b in "$B10" "$B20"; do for p in window h2o tova scissorhands random; do MAIN+=("$p:$b"); done; done
+    QUANT=("full,type=f16" "full,type=q8" "full,type=q4" "full,type=q8,residual=64" "full,type=q4,residual=64"
+           "full,ktype=q4,vtype=q8" "full,ktype=q8,vtype=q4" "h2o:$B20,type=q8" "h2o:$B20,type=q4,residual=64")
+    PK_C=${REPORT_PASSKEY_CTX:-1024}
+    PK=(full "window:$((PK_C / 8))" "sink:$((PK_C / 8))" "h2o:$((PK_C / 8))" "tova:$((PK_C / 8))")
+    POS_C=$N; POS_B=$L
+fi
+POS=("sink:$POS_B" "sink:$POS_B,pos=cache")
+POS_N=$((3 * POS_C))
+say "$NPROC cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+say "grid: $([ "$QUICK" = 1 ] && echo 'QUICK (REPORT_QUICK=1)' || echo full), $N tokens, budgets S=$S L=$L 10%=$B10 20%=$B20;" \
+    "main ${#MAIN[@]} policies, quant ${#QUANT[@]}, pos ${#POS[@]} over $POS_N tokens (-c $POS_C), passkey ${#PK[@]} at -c $PK_C"
+
+# ---- text -------------------------------------------------------------------------------------------------------
+ntok() { ./run "$MODEL" -m tokenize -f "$1" 2>/dev/null | wc -w; }
+# the longest prefix of the Debian Reference (whole lines) that tokenizes to at most $1 tokens, into $2
+make_text() {
+    local want=$1 out=$2 src=$R/src.tmp lo hi mid
+    [ -s "$out" ] && [ "$(ntok "$out")" -le "$want" ] && [ "$(ntok "$out")" -ge $((want - 40)) ] && return 0
+    { zcat "$GZ" || true; } | head -c $((want * 6 + 4096)) >"$src"   # zcat ends on SIGPIPE
+    lo=0; hi=$(wc -c <"$src")
+    while [ $((hi - lo)) -gt 1 ]; do
+        mid=$(((lo + hi) / 2))
+        if [ "$(head -c "$mid" "$src" | ntok /dev/stdin)" -le "$want" ]; then lo=$mid; else hi=$mid; fi
+    done
+    head -c "$lo" "$src" | sed '$d' >"$out"   # drop the last, partial line
+    rm -f "$src"
+}
+TEXT=$R/text_$N.txt.dat; TEXT3=$R/text_$POS_N.txt.dat
+if [ "${REPORT_PLOTS_ONLY:-0}" != 1 ]; then
+    make_text "$N" "$TEXT"; make_text "$POS_N" "$TEXT3"
+fi
+say "text: $(ntok "$TEXT") tokens ($(wc -c <"$TEXT") bytes) and $(ntok "$TEXT3") tokens of $GZ"
+
+# ---- throughput and the estimate --------------------------------------------------------------------------------
+jget() { awk -v k="\"$2\":" '{ i = index($0, k); if (i) { x = substr($0, i + length(k)); sub(/[,}].*/, "", x); print x; exit } }' "$1"; }   # first numeric field $2 of a JSON-lines file
+CAL=$R/calibration.dat
+if [ "${REPORT_PLOTS_ONLY:-0}" != 1 ] && { [ "${REPORT_FORCE:-0}" = 1 ] || [ ! -s "$CAL" ] || ! grep -q "threads=$OMP_NUM_THREADS " "$CAL"; }; then
+    CN=$([ "$QUICK" = 1 ] && echo 384 || echo 1024)
+    make_text "$CN" "$R/cal.txt.dat"
+    cn=$(($(ntok "$R/cal.txt.dat") - 1))
+    rm -f "$R/cal1.tmp" "$R/cal2.tmp"
+    say "measuring throughput ($cn tokens: window:8 with a 64-token shadow, then full with a $cn-token shadow, then decode)"
+    ./run "$MODEL" -m ppl -f "$R/cal.txt.dat" -c 64 -chunk $CHUNK -kv window:8 -o "$R/cal1.tmp" 2>/dev/null
+    ./run "$MODEL" -m ppl -f "$R/cal.txt.dat" -c $((cn + 1)) -chunk $CHUNK -kv full -o "$R/cal2.tmp" 2>/dev/null
+    t0=$(date +%s.%N)
+    ./run "$MODEL" -t 0 -n 32 -i "The Debian system" -kv full >/dev/null 2>&1
+    t3=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+    # t1 = (cn + 63) a + small;  t2 = 2 cn a + 2 sum_t t b;  decode: 32 unbatched steps (model load included)
+    awk -v t1="$(jget "$R/cal1.tmp" seconds)" -v t2="$(jget "$R/cal2.tmp" seconds)" -v t3="$t3" -v n="$cn" \
+        -v th="$OMP_NUM_THREADS" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+        a = t1 / (n + 64); att = n * (n + 1); b = (t2 - 2 * n * a) / att; if (b < 0) b = 0
+        printf "threads=%d a=%.6g b=%.6g d=%.6g load=%s\n", th, a, b, t3 / 32, load }' >"$CAL"
+    rm -f "$R/cal1.tmp" "$R/cal2.tmp"
+fi
+read -r _ A B DEC _ < <(tr '=' ' ' <"$CAL" | awk '{print $1, $4, $6, $8, $10}')
+say "throughput: $(awk -v a="$A" -v b="$B" -v d="$DEC" 'BEGIN { printf "%.1f tok/s per policy run (matmuls), %.3g us per attended token, %.0f ms per unbatched decode step", 1 / a, b * 1e6, d * 1e3 }')"
+
+# cost (seconds) of the grid: ppl runs (shadow + policies) and passkey runs, from the spec strings
+estimate() {   # N S L B10 B20 POS_C PK_C "MAIN..." "QUANT..." "POS..." "PK..."
+    python3 - "$A" "$B" "$DEC" "$@" <<'EOF'
+import sys
+a, b, d = map(float, sys.argv[1:4])
+n, S, L, B10, B20, posc, pkc = map(int, sys.argv[4:11])
+groups = [g.split() for g in sys.argv[11:15]]
+def budget(spec, c):
+    head = spec.split(',')[0]
+    return int(head.split(':')[1]) if ':' in head else c
+def attended(tokens, B):
+    B = min(B, tokens)
+    return B * (B + 1) / 2 + (tokens - B) * B
+def ppl(tokens, c, specs):
+    t = tokens * a * 0 + min(tokens, c) * a + attended(min(tokens, c), c) * b   # the shadow
+    for s in specs:
+        full = s.split(',')[0].split(':')[0] == 'full'
+        k = min(tokens, c) if full else tokens
+        t += k * a + attended(k, budget(s, c)) * b
+    return t
+def passkey(c, specs):
+    t = 0
+    lens = [L for L in (c // 4, c // 2, c) if L >= 182]   # shorter: too short for the prompt's fixed text
+    for s in specs:
+        B = budget(s, c)
+        for L in lens: t += 10 * (L * a + attended(L, B) * b + 8 * d)
+        t += 2 * (c * a + attended(c, B) * b + 16 * d)
+    return t
+main, quant, pos, pk = groups
+parts = [("main", ppl(n, n, main)), ("quant", ppl(n, n, quant)), ("pos", ppl(3 * posc, posc, pos)), ("passkey", passkey(pkc, pk))]
+print(" ".join("%s=%.0f" % p for p in parts), "total=%.0f" % sum(p[1] for p in parts))
+EOF
+}
+EST=$(estimate "$N" "$S" "$L" "$B10" "$B20" "$POS_C" "$PK_C" "${MAIN[*]}" "${QUANT[*]}" "${POS[*]}" "${PK[*]}")
+FULL_MAIN=(full window:256 window:1024 sink:256 sink:1024 sink:256,pos=cache,sinks=0 sink:256,pos=cache,sinks=1
+           sink:256,pos=cache,sinks=2 sink:256,pos=cache,sinks=4 sink:256,pos=cache,sinks=8)
+for b in 820 1640; do for p in window h2o tova scissorhands random; do FULL_MAIN+=("$p:$b"); done; done
+FULL_QUANT=(full,type=f16 full,type=q8 full,type=q4 full,type=q8,residual=64 full,type=q4,residual=64
+            full,ktype=q4,vtype=q8 full,ktype=q8,vtype=q4 h2o:1640,type=q8 h2o:1640,type=q4,residual=64)
+PKF=${REPORT_PASSKEY_CTX:-1024}
+FULL_PK=(full "window:$((PKF / 8))" "sink:$((PKF / 8))" "h2o:$((PKF / 8))" "tova:$((PKF / 8))")
+EST_FULL=$(estimate 8192 256 1024 820 1640 8192 "$PKF" "${FULL_MAIN[*]}" "${FULL_QUANT[*]}" "sink:1024 sink:1024,pos=cache" "${FULL_PK[*]}")
+fmt() { awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s%s %dm%02ds", (i > 1 ? ", " : ""), kv[1], int(kv[2] / 60), kv[2] % 60 } print "" }'; }
+say "estimate for this grid at $OMP_NUM_THREADS thread(s), this load: $(echo "$EST" | fmt)"
+say "estimate for the full grid (8192 tokens, passkey -c $PKF) at $OMP_NUM_THREADS thread(s), this load: $(echo "$EST_FULL" | fmt)"
+
+# ---- runs -------------------------------------------------------------------------------------------------------
+# NAME ./run ARGS...: skipped when report/NAME.log.dat says a run with these arguments completed
+declare -A SECS
+run_step() {
+    local name=$1; shift
+    local out=$R/$name.dat log=$R/$name.log.dat
+    if [ "${REPORT_PLOTS_ONLY:-0}" = 1 ] || { [ "${REPORT_FORCE:-0}" != 1 ] && [ -s "$out" ] &&
+        grep -qxF "report: complete: ./run $*" "$log" 2>/dev/null; }; then
+        say "$name: reusing $out"; return 0
+    fi
+    rm -f "$out"
+    say "$name: ./run $*"
+    local t0; t0=$(date +%s)
+    ./run "$@" -o "$out" 2>"$log" || { tail -5 "$log" >&2; exit 1; }
+    SECS[$name]=$(($(date +%s) - t0))
+    echo "report: seconds: ${SECS[$name]}" >>"$log"
+    echo "report: complete: ./run $*" >>"$log"
+    say "$name: ${SECS[$name]} s; $(grep -E '^(ppl: [0-9.]+ s|.*correct; two-turn)' "$log" | tail -1)"
+}
+kvargs() { for s in "$@"; do printf -- '-kv\n%s\n' "$s"; done; }
+mapfile -t KV_MAIN < <(kvargs "${MAIN[@]}")
+mapfile -t KV_QUANT < <(kvargs "${QUANT[@]}")
+mapfile -t KV_POS < <(kvargs "${POS[@]}")
+mapfile -t KV_PK < <(kvargs "${PK[@]}")
+run_step main "$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk $CHUNK "${KV_MAIN[@]}" -tokenlog "$R/main.tok.dat"
+run_step quant "$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk $CHUNK "${KV_QUANT[@]}"
+run_step pos "$MODEL" -m ppl -f "$TEXT3" -c "$POS_C" -chunk $CHUNK "${KV_POS[@]}" -tokenlog "$R/pos.tok.dat"
+run_step passkey "$MODEL" -m passkey -c "$PK_C" -chunk $CHUNK -s 1 "${KV_PK[@]}"
+[ "${REPORT_PLOTS_ONLY:-0}" = 1 ] || [ -s "$R/passkey.dat" ] || { echo "report: passkey wrote no records" >&2; exit 1; }
+T_RUNS=$(($(date +%s) - T_START))
+
+# ---- tables for gnuplot (python3: JSON lines -> whitespace-separated columns) -----------------------------------
+python3 - "$R" <<'EOF'
+import json, sys, os, math
+R = sys.argv[1]
+def load(name):
+    p = os.path.join(R, name + ".dat")
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+main, quant, pos, pk = load("main"), load("quant"), load("pos"), load("passkey")
+def fam(kv): return kv.split(",")[0].split(":")[0]
+plain = lambda kv: "," not in kv
+# (a) ppl and KL vs budget, one block per family (plain specs: f32, pos=orig, default parameters)
+with open(os.path.join(R, "a_budget.tab.dat"), "w") as f:
+    fams = []
+    for r in main:
+        if r["kv"] != "shadow" and plain(r["kv"]) and fam(r["kv"]) != "full" and fam(r["kv"]) not in fams:
+            fams.append(fam(r["kv"]))
+    for fm in fams:
+        f.write("%s\n" % fm)   # the block's first line: gnuplot's columnheader
+        for r in sorted((r for r in main if plain(r["kv"]) and fam(r["kv"]) == fm), key=lambda r: r["budget"]):
+            f.write("%d %.6g %.6g %.6g %.6g\n" % (r["budget"], r["span_ppl"], r["kl"], r["top1"], r["recall"]))
+        f.write("\n\n")
+shadow = [r for r in main if r["kv"] == "shadow"]
+with open(os.path.join(R, "a_shadow.tab.dat"), "w") as f:
+    if shadow: f.write("%.6g\n" % shadow[0]["span_ppl"])
+# (b) KL vs allocated bytes: evicting caches (f32, default parameters) per family, quantized storage, both; one file
+# each (an empty index block would renumber gnuplot's blocks)
+def kind(kv):
+    q = any(k in kv for k in ("type=", "ktype=", "vtype="))
+    if q: return "quant" if fam(kv) == "full" else "both"
+    return "evict" if plain(kv) else None
+rows = [r for r in main + quant if r["kv"] != "shadow" and r.get("kl", 0) > 0 and kind(r["kv"])]
+for k in ("evict", "quant", "both"):
+    with open(os.path.join(R, "b_%s.tab.dat" % k), "w") as f:
+        for r in sorted((r for r in rows if kind(r["kv"]) == k), key=lambda r: r["kv_alloc_bytes"]):
+            f.write('%.6g %.6g "%s" %s\n' % (r["kv_alloc_bytes"] / 1048576, r["kl"], r["kv"], fam(r["kv"])))
+# the lower envelope: the caches no other cache beats with both fewer bytes and a lower KL
+with open(os.path.join(R, "b_envelope.tab.dat"), "w") as f:
+    best = math.inf
+    for r in sorted(rows, key=lambda r: (r["kv_alloc_bytes"], r["kl"])):
+        if r["kl"] < best:
+            best = r["kl"]
+            f.write('%.6g %.6g "%s"\n' % (r["kv_alloc_bytes"] / 1048576, r["kl"], r["kv"]))
+with open(os.path.join(R, "b_full.tab.dat"), "w") as f:
+    for r in main:
+        if r["kv"] == "full": f.write("%.6g\n" % (r["kv_alloc_bytes"] / 1048576))
+# (d) passkey: accuracy per (policy, length, depth); cells too short for a prompt are absent
+depths = [0.0, 0.25, 0.5, 0.75, 1.0]
+pols = []
+for r in pk:
+    if r["kv"] not in pols: pols.append(r["kv"])
+lens = sorted({r["length"] for r in pk if r["mode"] == "passkey"})
+with open(os.path.join(R, "d_passkey.tab.dat"), "w") as f:
+    for p in pols:
+        f.write("# %s\n" % p)
+        for li, L in enumerate(lens):
+            for di, dp in enumerate(depths):
+                c = [r for r in pk if r["mode"] == "passkey" and r["kv"] == p and r["length"] == L and abs(r["depth"] - dp) < 1e-6]
+                ok = sum(1 for r in c if r["correct"])
+                f.write("%d %d %s %d %d\n" % (di, li, ("%.4g" % (ok / len(c))) if c else "NaN", ok, len(c)))
+        f.write("\n\n")
+with open(os.path.join(R, "d_passkey.meta.dat"), "w") as f:
+    f.write("lengths %s\n" % " ".join(str(L) for L in lens))
+    for p in pols:
+        two = [r for r in pk if r["mode"] == "passkey2" and r["kv"] == p]
+        a = sum(1 for r in two if r["answers"][0] == r["keys"][0]); b = sum(1 for r in two if r["answers"][1] == r["keys"][1])
+        tot = [r for r in pk if r["mode"] == "passkey" and r["kv"] == p]
+        f.write("policy %s %d %d %d %d %d %d\n" % (p, sum(1 for r in tot if r["correct"]), len(tot), a, len(two), b, len(two)))
+EOF
+
+# (c) per-token NLL from -tokenlog, one column per chosen policy, then a trailing moving average (awk)
+# tokcols FILE OUT SPEC...: pos, then the NLL of each SPEC (the shadow is "shadow"); NaN where null
+tokcols() {
+    local in=$1 out=$2; shift 2
+    [ -s "$in" ] || { : >"$out"; return 0; }
+    awk -v want="$*" 'BEGIN { n = split(want, w, " ") }
+    { match($0, /"pos":[0-9]+/); pos = substr($0, RSTART + 6, RLENGTH - 6)
+      delete v; m = split($0, parts, /\{"kv":"/)
+      for (i = 2; i <= m; i++) { k = parts[i]; sub(/".*/, "", k); x = parts[i]
+        if (match(x, /"nll":[-0-9.e+]+/)) v[k] = substr(x, RSTART + 6, RLENGTH - 6); else v[k] = "NaN" }
+      line = pos; for (j = 1; j <= n; j++) line = line " " ((w[j] in v) ? v[w[j]] : "NaN"); print line }' "$in" >"$out"
+}
+# smooth IN OUT W: trailing moving average of every column but the first over W rows (NaN rows end a policy)
+smooth() {
+    [ -s "$1" ] || { : >"$2"; return 0; }
+    awk -v W="$3" '{ for (j = 2; j <= NF; j++) { if ($j == "NaN") { s[j] = "x"; continue }
+          if (NR > W) sum[j] -= h[j, NR % W]; h[j, NR % W] = $j; sum[j] += $j }
+        line = $1; for (j = 2; j <= NF; j++) line = line " " ((s[j] == "x" || NR < W) ? "NaN" : sprintf("%.5g", sum[j] / W)); print line }' "$1" >"$2"
+}
+MA=$([ "$QUICK" = 1 ] && echo 16 || echo 64)
+tokcols "$R/main.tok.dat" "$R/c_nll.tab.dat" shadow "window:$S" "sink:$S" "sink:$S,pos=cache,sinks=0"
+smooth "$R/c_nll.tab.dat" "$R/c_nll_ma.tab.dat" "$MA"
+smooth "$R/c_nll.tab.dat" "$R/c_nll_ma8.tab.dat" 8
+tokcols "$R/pos.tok.dat" "$R/e_pos.tab.dat" shadow "sink:$POS_B" "sink:$POS_B,pos=cache"
+MA_POS=$((POS_N / 64))
+smooth "$R/e_pos.tab.dat" "$R/e_pos_ma.tab.dat" "$MA_POS"
+
+# ---- plots ------------------------------------------------------------------------------------------------------
+famcol() { case $1 in window) echo '#9467bd';; sink) echo '#1f77b4';; h2o) echo '#2ca02c';; tova) echo '#ff7f0e';;
+    scissorhands) echo '#8c564b';; random) echo '#7f7f7f';; *) echo '#000000';; esac; }
+have() { [ -s "$R/$1.dat" ] || { say "no $R/$1.dat: skipping its plot"; return 1; }; }
+GP_HEAD="set terminal $TERM_PNG; set grid lc rgb '#dddddd'; set key outside right top; set tics nomirror"
+label_quick=$([ "$QUICK" = 1 ] && echo " [quick grid, not the full grid]" || echo "")
+SHADOW_PPL=$(cat "$R/a_shadow.tab.dat")
+if have main; then
+    pa=(); pk=(); i=0
+    for fm in $(awk 'NF == 1' "$R/a_budget.tab.dat"); do
+        pa+=("'$R/a_budget.tab.dat' index $i every ::1 using 1:2 with linespoints lw 2 pt 7 lc rgb '$(famcol "$fm")' title '$fm'")
+        pk+=("'$R/a_budget.tab.dat' index $i every ::1 using 1:3 with linespoints lw 2 pt 7 lc rgb '$(famcol "$fm")' title '$fm'")
+        i=$((i + 1))
+    done
+    gnuplot <<EOF
+$GP_HEAD
+set output '$R/a_budget.png'
+set multiplot layout 1,2 title "(a) Perplexity and KL vs budget, $N tokens of the Debian Reference, SmolLM2-135M (Q4_1 dequantized to f32)$label_quick"
+set logscale x 2; set xlabel 'budget (tokens per lane)'; set offsets graph 0.05, graph 0.05, 0, 0
+set ylabel 'perplexity over the span'; set key inside top right
+set logscale y
+plot $(IFS=,; echo "${pa[*]}"), $SHADOW_PPL with lines dt 2 lw 2 lc rgb 'black' title 'full / shadow'
+set ylabel 'KL(shadow || policy), nats / token'
+plot $(IFS=,; echo "${pk[*]}")
+unset multiplot
+EOF
+fi
+if have quant; then
+    FULL_MIB=$(cat "$R/b_full.tab.dat")
+    bplot=("'$R/b_envelope.tab.dat' using 1:2 with lines lw 8 lc rgb '#dddddd' title 'lower envelope'")
+    declare -A col=([quant]='#d62728' [both]='#17becf') pt=([evict]='pt 7 ps 1.3' [quant]='pt 5 ps 1.3' [both]='pt 9 ps 1.6')
+    declare -A tl=([evict]="eviction (f32)" [quant]="full, quantized storage" [both]="eviction + quantized")
+    # evicting caches: one colour per policy (their budgets are the x axis), no labels
+    i=0
+    for fm in $(awk '!seen[$4]++ { print $4 }' "$R/b_evict.tab.dat"); do
+        i=$((i + 1))
+        bplot+=("'$R/b_evict.tab.dat' using 1:(strcol(4) eq '$fm' ? \$2 : NaN) with points pt 7 ps 1.3 lc rgb '$(famcol "$fm")' title '$fm (f32)'")
+    done
+    for k in quant both; do
+        [ -s "$R/b_$k.tab.dat" ] || continue
+        bplot+=("'$R/b_$k.tab.dat' using 1:2 with points ${pt[$k]} lc rgb '${col[$k]}' title '${tl[$k]}'")
+        bplot+=("'$R/b_$k.tab.dat' using 1:2:3 with labels left offset 0.8,0 font ',8' tc rgb '${col[$k]}' notitle")
+    done
+    gnuplot <<EOF
+$GP_HEAD
+set output '$R/b_frontier.png'
+set title "(b) KL vs KV bytes allocated: eviction and quantized storage, $N tokens$label_quick"
+set logscale xy; set xlabel 'KV cache allocated (MiB, whole cache)'; set ylabel 'KL(shadow || policy), nats / token'
+set key inside bottom left; set xrange [*:$FULL_MIB * 1.6]
+set arrow 1 from $FULL_MIB, graph 0 to $FULL_MIB, graph 1 nohead dt 2 lc rgb 'black'
+set label 1 "full, f32: KL 0" at $FULL_MIB, graph 0.5 center rotate by 90 offset -1,0
+plot $(IFS=,; echo "${bplot[*]}")
+EOF
+fi
+XMAX_C=$((8 * S))
+if have main; then
+gnuplot <<EOF
+$GP_HEAD
+set output '$R/c_nll.png'
+set multiplot layout 2,1 title "(c) Per-token NLL over position: a window loses the first tokens at position $S$label_quick"
+set xlabel 'position'; set ylabel "NLL, nats (moving avg $MA)"; set xrange [0:$N]
+set arrow 1 from $S, graph 0 to $S, graph 1 nohead dt 2 lc rgb 'red'
+set label 1 "budget $S: window evicts position 0" at $S, graph 0.95 offset 0.5,0 tc rgb 'red'
+plot '$R/c_nll_ma.tab.dat' using 1:2 with lines lw 2 lc rgb 'black' title 'shadow (full f32)', \
+     '' using 1:3 with lines lw 2 lc rgb '#d62728' title 'window:$S', \
+     '' using 1:4 with lines lw 2 lc rgb '#1f77b4' title 'sink:$S (4 sinks)'
+set xrange [0:$XMAX_C]; set ylabel 'NLL, nats (moving avg 8)'
+set label 1 "budget $S" 
+plot '$R/c_nll_ma8.tab.dat' using 1:2 with lines lw 2 lc rgb 'black' title 'shadow (full f32)', \
+     '' using 1:3 with lines lw 2 lc rgb '#d62728' title 'window:$S', \
+     '' using 1:4 with lines lw 2 lc rgb '#1f77b4' title 'sink:$S (4 sinks)'
+unset multiplot
+EOF
+fi
+# (d) one heatmap per policy
+if have passkey; then
+read -r _ LENS < <(grep '^lengths' "$R/d_passkey.meta.dat")
+NP=$(grep -c '^policy' "$R/d_passkey.meta.dat")
+ytics=$(echo "$LENS" | awk '{ for (i = 1; i <= NF; i++) printf "%s\"%s\" %d", (i > 1 ? ", " : ""), $i, i - 1 }')
+titles=()
+while read -r _ p ok tot a na b nb; do titles+=("$p: $ok/$tot; two-turn $a/$na, $b/$nb"); done < <(grep '^policy' "$R/d_passkey.meta.dat")
+COLS=$((NP < 3 ? NP : 3)); ROWS=$(((NP + COLS - 1) / COLS))
+{
+    echo "set terminal $PNG_T size $((COLS * 320)),$((ROWS * 270 + 50))"
+    echo "set output '$R/d_passkey.png'"
+    echo "set multiplot layout $ROWS,$COLS title \"(d) Passkey accuracy by depth and length (2 keys per cell), -c $PK_C$label_quick\""
+    echo "set cbrange [0:1]; set palette defined (0 '#d73027', 0.5 '#fee08b', 1 '#1a9850'); unset colorbox"
+    echo "set xrange [-0.5:4.5]; set yrange [-0.5:$(echo "$LENS" | awk '{print NF - 0.5}')]"
+    echo "set xtics ('0' 0, '.25' 1, '.5' 2, '.75' 3, '1' 4); set ytics ($ytics); set xlabel 'depth'; set ylabel 'length (tokens)'"
+    echo "set title font ',9'"
+    for i in $(seq 0 $((NP - 1))); do
+        echo "set title \"${titles[$i]}\""
+        echo "plot '$R/d_passkey.tab.dat' index $i using 1:2:3 with image notitle, '' index $i using 1:2:(sprintf('%d/%d', \$4, \$5)) with labels notitle"
+    done
+    echo "unset multiplot"
+} | gnuplot
+fi
+if have pos; then
+gnuplot <<EOF
+$GP_HEAD
+set output '$R/e_pos.png'
+set multiplot layout 2,1 title "(e) sink:$POS_B over $POS_N tokens with -c $POS_C: pos=orig vs pos=cache (moving avg $MA_POS)$label_quick"
+set xlabel 'position'; set ylabel 'NLL, nats'; set xrange [0:$POS_N]
+set arrow 1 from $POS_C, graph 0 to $POS_C, graph 1 nohead dt 2 lc rgb 'red'
+set label 1 "-c $POS_C: the shadow stops" at $POS_C, graph 0.92 offset 0.5,0 tc rgb 'red'
+plot '$R/e_pos_ma.tab.dat' using 1:2 with lines lw 2 lc rgb 'black' title 'shadow (full f32)', \
+     '' using 1:3 with lines lw 2 lc rgb '#d62728' title 'sink:$POS_B (pos=orig)', \
+     '' using 1:4 with lines lw 2 lc rgb '#1f77b4' title 'sink:$POS_B,pos=cache'
+set ylabel 'NLL(pos=orig) - NLL(pos=cache)'; unset label 1
+plot '$R/e_pos_ma.tab.dat' using 1:(\$3 - \$4) with lines lw 2 lc rgb '#d62728' title 'difference', 0 with lines lc rgb 'black' notitle
+unset multiplot
+EOF
+fi
+T_END=$(date +%s)
+
+# ---- REPORT.md --------------------------------------------------------------------------------------------------
+python3 - "$R" "$QUICK" "$N" "$S" "$L" "$B10" "$B20" "$POS_C" "$POS_B" "$PK_C" "$MA" "$MA_POS" "$((T_END - T_START))" \
+    "$T_RUNS" "$EST" "$EST_FULL" "$(cat "$CAL")" "$OMP_NUM_THREADS" "$NPROC" \
+    "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+    "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- '*.c' '*.h' Makefile 2>/dev/null || echo ' (with uncommitted changes to the engine)')" \
+    "$(du -b "$MODEL" | cut -f1)" "$(ntok "$TEXT")" "$(ntok "$TEXT3")" "$PKF" <<'EOF'
+import json, sys, os
+(R, quick, N, S, L, B10, B20, posc, posb, pkc, ma, ma_pos, secs, secs_runs, est, est_full, cal, threads, nproc, cpu,
+ load, git, model_bytes, ntext, ntext3, pkf) = sys.argv[1:]
+quick = quick == "1"
+def load_(name):
+    p = os.path.join(R, name + ".dat")
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+main, quant, pos, pk = load_("main"), load_("quant"), load_("pos"), load_("passkey")
+def parse_kv(s): return dict(x.split("=") for x in s.split())
+E, EF, C = parse_kv(est), parse_kv(est_full), parse_kv(cal)
+mmss = lambda s: "%dm%02ds" % (int(float(s)) // 60, int(float(s)) % 60)
+hms = lambda s: "%dh%02dm" % (int(float(s)) // 3600, int(float(s)) % 3600 // 60)
+out = []
+w = out.append
+def took(name):   # seconds of a measurement, from its log
+    try:
+        for l in open(os.path.join(R, name + ".log.dat")):
+            if l.startswith("report: seconds: "): return int(l.split()[-1])
+    except OSError: pass
+    return None
+label = " — quick grid (REPORT_QUICK=1), not the full grid" if quick else ""
+w("# kvlab report%s\n" % label)
+if quick:
+    w("**This is the quick grid (`REPORT_QUICK=1 make report`), not the full grid**: %s tokens instead of 8,192, fewer "
+      "policies, passkey at `-c %s`. It exists to test `tools/report.sh` end to end; its numbers are small-sample "
+      "and are not findings. `make report` runs the full grid.\n" % (N, pkc))
+w("Written by `tools/report.sh` (`make report`). Model: `models/smollm2-135m-instruct.bin` (SmolLM2-135M-Instruct, %s "
+  "bytes). **The default weights are a Q4_1 GGUF dequantized to f32**: every figure below belongs to that model and "
+  "none is compared with published SmolLM2 numbers.\n" % model_bytes)
+w("Text: the first %s tokens (whole lines) of the Debian Reference (`zcat /usr/share/debian-reference/debian-reference.en.txt.gz`, "
+  "package `debian-reference-en`); the position study uses the first %s tokens.\n" % (ntext, ntext3))
+w("## Machine and run time\n")
+w("| | |\n|---|---|")
+w("| machine | %s cores (`nproc`), %s |" % (nproc, cpu))
+w("| threads | OMP_NUM_THREADS=%s |" % threads)
+w("| load average at the end | %s (other jobs shared the machine: times are this run's, not the machine's) |" % load)
+w("| kvlab | `git` %s in the JSON (compiled into eval.o, stale if eval.c was not rebuilt since); checkout at %s; `-chunk 64` |"
+  % (main[0]["git"] if main else "?", git))
+steps = [took(k) for k in ("main", "quant", "pos", "passkey")]
+w("| run time | %s for the four measurements (%s), from their logs; the throughput measurement, text preparation "
+  "and plots add a minute or two |" % (mmss(sum(x for x in steps if x is not None)) if all(x is not None for x in steps) else "?",
+  ", ".join("%s %s" % (k, mmss(x) if x is not None else "?") for k, x in zip(("main", "quant", "pos", "passkey"), steps))))
+w("| measured throughput | %.1f tok/s per policy run (matmuls), %.3g µs per attended token, %.0f ms per unbatched decode step |"
+  % (1 / float(C["a"]), float(C["b"]) * 1e6, float(C["d"]) * 1e3))
+w("| this grid: estimated / measured | " + ", ".join("%s %s / %s" % (k, mmss(E[k]), mmss(took(k)) if took(k) is not None else "?") for k in ("main", "quant", "pos", "passkey"))
+  + "; total %s |" % mmss(E["total"]))
+w("| estimate for the full grid | %s (main %s, quant %s, pos %s, passkey at -c %s %s) at %s thread(s), load average %s when measured |"
+  % (hms(EF["total"]), mmss(EF["main"]), mmss(EF["quant"]), mmss(EF["pos"]), pkf, mmss(EF["passkey"]), threads, C["load"]))
+w("")
+w("The estimate is a cost model fitted before the runs: per token and policy run a fixed cost (the matmuls, measured "
+  "with a window:8 cache) plus a cost per attended token (measured with `full`), plus unbatched decode steps for "
+  "passkey answers.\n")
+def cmd(rs): return rs[0]["cmd"] if rs else "(not run)"
+def f(x, d=4): return ("%%.%df" % d) % x
+def ppl_table(rs):
+    w("| policy | budget | ppl | ΔNLL | KL | top-1 | Δp | recall | ppl(all) | KV MiB |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rs:
+        if r["kv"] == "shadow":
+            w("| shadow (full, f32) | %d | %s | | | | | | %s | %.2f |" % (r["budget"], f(r["span_ppl"]), f(r["all_ppl"]), r["kv_alloc_bytes"] / 1048576))
+        else:
+            w("| `%s` | %d | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (r["kv"], r["budget"], f(r["span_ppl"]), f(r["dnll"]),
+              f(r["kl"], 5), f(r["top1"]), f(r["dp"], 5), f(r["recall"]), f(r["all_ppl"]), r["kv_alloc_bytes"] / 1048576))
+    w("")
+w("## Perplexity and KL vs budget\n")
+w("![(a)](a_budget.png)\n")
+w("Command (figure a, table below; also figures b and c):\n\n    %s\n" % cmd(main))
+w("Left: perplexity over the %s-token span (positions < `-c`) for each policy with its default parameters (f32, "
+  "`pos=orig`), the dashed line the shadow's (= `full`). Right: mean KL(p_shadow ‖ p_policy) per token.\n" % N)
+ppl_table(main)
+w("## KL vs KV bytes: eviction and quantization on one frontier\n")
+w("![(b)](b_frontier.png)\n")
+w("Command (quantized storage, same text and `-c`, so the same shadow as the run above):\n\n    %s\n" % cmd(quant))
+w("x: bytes the whole cache allocates (`kv_alloc_bytes`: vectors, scales, positions, policy metadata); y: KL. "
+  "Dots: evicting caches in f32 with default parameters (run above), one colour per policy, each budget a dot; red "
+  "squares: `full` with quantized storage; cyan diamonds: eviction with quantized storage. The thick grey line joins the "
+  "lower envelope (the caches no other cache beats with fewer bytes and a lower KL). `full` in f32 (KL 0) cannot be "
+  "drawn on a log axis: the vertical line marks its %.2f MiB.\n" % (next((r["kv_alloc_bytes"] for r in main if r["kv"] == "full"), 0) / 1048576))
+ppl_table(quant)
+w("## Per-token NLL over position\n")
+w("![(c)](c_nll.png)\n")
+w("From `-tokenlog` of the first command: per-token NLL of the shadow, `window:%s` and `sink:%s`, a trailing moving "
+  "average over %s tokens (top, whole stream) and over 8 tokens (bottom, the first %d positions). Until position %s "
+  "the three caches are the same cache; at position %s the window evicts position 0, the attention sink.\n"
+  % (S, S, ma, 8 * int(S), S, S))
+sweep = [r for r in main if r["kv"].startswith("sink:%s,pos=cache" % S)]
+if sweep:
+    w("Sink-count sweep at budget %s with `pos=cache` (StreamingLLM's setting):\n" % S)
+    w("| sinks | ppl | KL | top-1 |\n|---|---|---|---|")
+    for r in sweep:
+        k = dict(x.split("=") for x in r["kv"].split(",")[1:]).get("sinks", "4 (default)")
+        w("| %s | %s | %s | %s |" % (k, f(r["span_ppl"]), f(r["kl"], 5), f(r["top1"])))
+    w("")
+w("## Positions past the trained context\n")
+w("![(e)](e_pos.png)\n")
+w("Command:\n\n    %s\n" % cmd(pos))
+w("`sink:%s` with `pos=orig` (keys rotated by their true position) and `pos=cache` (by their rank in the cache) over "
+  "%s tokens, three times `-c %s`; moving average over %s tokens. The shadow stops at `-c`; `ppl(all)` covers every "
+  "token.\n" % (posb, ntext3, posc, ma_pos))
+if int(posc) < 8192:
+    w("Here `-c %s` is below SmolLM2's trained context (8,192), so even `pos=orig` never reaches a position the model "
+      "was not trained on: this run only checks the pipeline, it says nothing about running past the trained "
+      "context.\n" % posc)
+ppl_table(pos)
+w("## Passkey\n")
+w("![(d)](d_passkey.png)\n")
+w("Command:\n\n    %s\n" % cmd(pk))
+w("Accuracy (correct/keys, 2 seeded keys per cell) by relative depth (columns) and prompt length (rows) for each "
+  "policy; a length (`-c`/4) too short for the fixed text of the prompt is not run and has no row. Titles: total correct; the "
+  "two-turn variant (first key at depth .25 asked first, then the second at .75 from the same cache).\n")
+w("| policy | correct | two-turn: first | two-turn: second | most frequent wrong answer (`answer_text`) |\n|---|---|---|---|---|")
+pols = []
+for r in pk:
+    if r["kv"] not in pols: pols.append(r["kv"])
+for p in pols:
+    one = [r for r in pk if r["mode"] == "passkey" and r["kv"] == p]
+    two = [r for r in pk if r["mode"] == "passkey2" and r["kv"] == p]
+    wrong = {}
+    for r in one:
+        if not r["correct"]: wrong[r["answer_text"]] = wrong.get(r["answer_text"], 0) + 1
+    top = max(wrong.items(), key=lambda kv: kv[1]) if wrong else None
+    w("| `%s` | %d/%d | %d/%d | %d/%d | %s |" % (p, sum(r["correct"] for r in one), len(one),
+      sum(r["answers"][0] == r["keys"][0] for r in two), len(two), sum(r["answers"][1] == r["keys"][1] for r in two), len(two),
+      "`%s` (%d×)" % (top[0].strip().replace("|", "\\|").replace("`", "'"), top[1]) if top else ""))
+w("")
+w("## Reproducing\n")
+w("`%smake report` reruns everything (measurements whose JSON in `report/*.dat` is complete are reused; "
+  "`REPORT_FORCE=1` reruns them). Raw data (`report/*.dat`: JSON lines from `-o`, `-tokenlog`, stderr, gnuplot tables) "
+  "is not committed.\n" % ("REPORT_QUICK=1 " if quick else ""))
+open(os.path.join(R, "REPORT.md"), "w").write("\n".join(out) + "\n")
+EOF
+say "wrote $R/REPORT.md and $(ls "$R"/*.png | wc -l) plots in $((T_END - T_START)) s"

@@ -108,6 +108,12 @@ $(BUILD)/kl_models: tools/kl_models.c $(LIB_O) | $(BUILD)
 bench: all tools
 	tools/bench.sh
 
+# `make report`: tools/report.sh runs the evaluation grid on SmolLM2 and the Debian Reference and writes
+# report/REPORT.md with plots (REPORT_QUICK=1: a small grid to test it; REPORT_TOKENS=N: the stream length).
+.PHONY: report
+report: all
+	tools/report.sh
+
 model: all models/smollm2-135m-instruct.bin
 models/smollm2-135m-instruct.bin: | export
 	./tools/fetch_model.sh

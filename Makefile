@@ -12,6 +12,8 @@ OMP     := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /
 LDLIBS  := -lm
 GIT     := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 CFLAGS  += -DKVLAB_GIT='"$(GIT)"'
+# the commit is compiled into eval.o (the -o records): rebuild it when HEAD moves
+GIT_REFS := $(wildcard .git/HEAD .git/refs/heads/* .git/packed-refs)
 BUILD   ?= build
 OUT     ?= .
 TESTBIN ?= tests/bin
@@ -120,3 +122,5 @@ models/smollm2-135m-instruct.bin: | export
 
 clean:
 	rm -rf $(BUILD) run export tests/bin
+
+$(BUILD)/eval.o: $(GIT_REFS)

@@ -740,7 +740,7 @@ void run_passkey(Model *m, const Options *o) {
     encode_append(m, PK_PREFIX, 0, &tmp, &nt, &cap);
     int fixed = (int)nt + 64;   /* prefix + key sentence + question + answer room */
     free(tmp);
-    uint64_t rng = o->seed_set ? o->seed : 1;
+    uint64_t seed = o->seed_set ? o->seed : 1, rng = seed;
     Sha256 text_sha;
     sha_init(&text_sha);
     FILE *out = NULL;
@@ -748,9 +748,10 @@ void run_passkey(Model *m, const Options *o) {
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
     fprintf(stderr, "passkey: lengths %d %d %d tokens, depths 0 .25 .5 .75 1, %d keys per cell, seed %llu\n",
-            lens[0], lens[1], lens[2], n_keys_per_cell, (unsigned long long)rng);
+            lens[0], lens[1], lens[2], n_keys_per_cell, (unsigned long long)seed);
     char answer[512];
     for (int k = 0; k < n_pol; k++) {
+        rng = seed;   /* every policy is asked the same keys at the same depths */
         PolicyRun r;
         policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "passkey");
         fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");

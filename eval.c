@@ -483,8 +483,8 @@ void run_ppl(Model *m, const Options *o) {
     }
     fprintf(stderr, "ppl: %.1f s, %.1f tok/s per policy run, peak RSS %.1f MiB\n", secs,
             secs > 0 ? (double)(n_tokens - o->n_files) * n_runs / secs : 0, peak_rss_kib() / 1024.0);
-    if (tokenlog) fclose(tokenlog);
-    if (out) fclose(out);
+    if (tokenlog && fclose(tokenlog)) fatal("cannot write -tokenlog '%s': %s", o->tokenlog, strerror(errno));
+    if (out && fclose(out)) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
     for (int k = 0; k < n_runs; k++) policy_run_free(&runs[k]);
     free(runs);
     free(e.shadow_prob);
@@ -598,7 +598,7 @@ void run_bench(Model *m, const Options *o) {
     fprintf(stderr, "bench: peak RSS %.1f MiB\n", peak_rss_kib() / 1024.0);
     free(ms);
     free(tok);
-    if (out) fclose(out);
+    if (out && fclose(out)) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
 }
 
 /* splitmix64 (Steele et al. 2014) for the passkeys. */
@@ -826,5 +826,5 @@ void run_passkey(Model *m, const Options *o) {
                 r.cache.spec.text, total_ok, total, lens[2], two_ok[0], n_keys_per_cell, two_ok[1], n_keys_per_cell);
         policy_run_free(&r);
     }
-    if (out) fclose(out);
+    if (out && fclose(out)) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
 }

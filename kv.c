@@ -240,6 +240,11 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
     sp->ktype = sp->vtype = default_type;
     if (strlen(text) >= sizeof sp->text) return errorf(err, errlen, "kv spec '%.40s...' is too long", text);
     strcpy(sp->text, text);
+    size_t tl = strlen(text);
+    if (tl == 0) return errorf(err, errlen, "empty kv spec; policies: %s", kv_policy_names());
+    if (text[0] == ',' || text[tl - 1] == ',' || strstr(text, ",,"))   /* strtok would skip them */
+        return errorf(err, errlen, "empty part in kv spec '%s': NAME[:BUDGET][,key=value...]; policies: %s", text,
+                      kv_policy_names());
     char buf[sizeof sp->text];
     strcpy(buf, text);
     char *save = NULL, *part = strtok_r(buf, ",", &save);

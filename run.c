@@ -136,9 +136,13 @@ int model_parse(Model *m, const uint8_t *data, size_t size, char *err, size_t er
     if (w_bytes != need)
         return errorf(err, errlen, "weight section is %llu bytes but the config needs %zu",
                       (unsigned long long)w_bytes, need);
-    if (w_off % 64 || w_off < MODEL_HEADER_BYTES || w_off > size || w_bytes > size - w_off)
-        return errorf(err, errlen, "weight section (offset %llu, %llu bytes) lies outside the file or is unaligned",
+    if (w_off % 64 || w_off < MODEL_HEADER_BYTES || w_off > size || w_bytes != size - w_off)
+        return errorf(err, errlen, "weight section (offset %llu, %llu bytes) lies outside the file or is unaligned "
+                      "(it must start on a 64-byte boundary and end the file)",
                       (unsigned long long)w_off, (unsigned long long)w_bytes);
+    if (tok_bytes && tok_off + tok_bytes > w_off)
+        return errorf(err, errlen, "tokenizer section (offset %llu, %llu bytes) overlaps the weights at %llu",
+                      (unsigned long long)tok_off, (unsigned long long)tok_bytes, (unsigned long long)w_off);
 
     /* carve the weights (FORMAT.md's order) */
     const uint8_t *p = data + w_off;
@@ -637,7 +641,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
             if (o->n_files == MAX_FILES) return errorf(err, errlen, "too many -f files (at most %d)", MAX_FILES);
             o->files[o->n_files++] = v;
         } else if (!strcmp(a, "-n")) {
-            if (parse_long(v, 0, 1 << 30, &n)) return errorf(err, errlen, "bad -n '%s': a token count >= 0", v);
+            if (parse_long(v, 0, 1 << 30, &n)) return errorf(err, errlen, "bad -n '%s': a token count in [0, %d]", v, 1 << 30);
             o->steps = (int)n;
             o->steps_set = 1;
         } else if (!strcmp(a, "-t")) {
@@ -655,7 +659,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
             o->seed = s;
             o->seed_set = 1;
         } else if (!strcmp(a, "-c")) {
-            if (parse_long(v, 1, 1 << 24, &n)) return errorf(err, errlen, "bad -c '%s': a context length >= 1", v);
+            if (parse_long(v, 1, 1 << 24, &n)) return errorf(err, errlen, "bad -c '%s': a context length in [1, %d]", v, 1 << 24);
             o->ctx = (int)n;
         } else if (!strcmp(a, "-y")) { o->system = v;
         } else if (!strcmp(a, "-kv")) {
@@ -677,6 +681,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
             if (strcmp(v, "stream") && strcmp(v, "chunked"))
                 return errorf(err, errlen, "unknown -ppl-mode '%s'; modes: stream, chunked", v);
             o->ppl_mode = v;
+            o->ppl_mode_set = 1;
         } else if (!strcmp(a, "-tokenlog")) { o->tokenlog = v;
         }
     }
@@ -690,6 +695,15 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
         return errorf(err, errlen, "give the text with -i or -f, not both");
     if (o->n_files && gen) return errorf(err, errlen, "-f is for ppl, tokenize and detokenize; give a prompt with -i");
     if (o->n_files > 1 && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-f is repeatable only in ppl mode");
+    if (o->kvlog && !gen) return errorf(err, errlen, "-kvlog is for generate and chat");
+    if (o->tokenlog && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-tokenlog is for -m ppl");
+    if (o->ppl_mode_set && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-ppl-mode is for -m ppl");
+    if (o->chunk && strcmp(o->mode, "ppl") && strcmp(o->mode, "passkey"))
+        return errorf(err, errlen, "-chunk is for ppl and passkey");
+    if (o->out && (gen || !strcmp(o->mode, "tokenize") || !strcmp(o->mode, "detokenize")))
+        return errorf(err, errlen, "-o is for ppl, passkey and bench");
+    if (o->n_kv && (!strcmp(o->mode, "tokenize") || !strcmp(o->mode, "detokenize")))
+        return errorf(err, errlen, "-kv has no effect on -m %s", o->mode);
     return 0;
 }
 
@@ -878,6 +892,9 @@ static int is_stop(const Model *m, int id, int extra_stop) {
  * feed_last: also feed the last sampled token, so the cache holds the whole answer (chat continues from it).
  * Returns 1 when the cache filled up. */
 static int session_generate(Session *se, const IdList *prompt, int steps, int extra_stop, int feed_last) {
+    if (se->capacity != INT_MAX && (size_t)se->pos + prompt->n > (size_t)se->capacity)
+        fatal("the prompt needs %zu more tokens but the cache holds %d (-c) under '%s', %d of them used; use a "
+              "larger -c or an evicting policy", prompt->n, se->capacity, se->cache.spec.text, se->pos);
     double t0 = now_s();
     kv_set_prompt_len(&se->cache, se->pos + (int)prompt->n);   /* snapkv compresses at the end of the first prompt */
     for (size_t i = 0; i < prompt->n; i++) {
@@ -1114,7 +1131,11 @@ static void run_generate(Session *se, const Options *o) {
         fatal("the prompt is %zu tokens, longer than the context of %d tokens (-c) under '%s'", prompt.n,
             se->capacity, se->cache.spec.text);
     print_start(se, o);
-    int steps = o->steps ? o->steps : (se->capacity != INT_MAX ? se->capacity : m->config.seq_len);
+    /* -n 0: up to the context (-c). A non-evicting cache runs until it is full and says so; an evicting one stops
+       when the last position it generates is -c - 1 (the token sampled there needs no slot) */
+    int ctx = o->ctx ? o->ctx : m->config.seq_len;
+    int steps = o->steps ? o->steps : se->capacity != INT_MAX ? INT_MAX
+                                    : (ctx > (int)prompt.n ? ctx - (int)prompt.n + 1 : 1);
     session_generate(se, &prompt, steps, -1, 0);
     free(prompt.ids);
 }
@@ -1156,6 +1177,15 @@ static void run_detokenize(Model *m, const Options *o) {
 }
 
 #ifndef KVLAB_NO_MAIN
+/* stdout is the product: a write error (a full disk, a closed pipe) is an error exit, not a silent success */
+static int finish_output(void) {
+    if (fflush(stdout) || ferror(stdout)) {
+        fprintf(stderr, "run: error writing the output: %s\n", strerror(errno));
+        return EXIT_FAILURE;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     Options o;
     char err[512];
@@ -1166,8 +1196,8 @@ int main(int argc, char **argv) {
     if (o.help) { usage(stdout); return 0; }
     Model m;
     if (model_open(&m, o.model_path, err, sizeof err)) fatal("%s", err);
-    if (!strcmp(o.mode, "tokenize")) { run_tokenize(&m, &o); model_close(&m); return 0; }
-    if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return 0; }
+    if (!strcmp(o.mode, "tokenize")) { run_tokenize(&m, &o); model_close(&m); return finish_output(); }
+    if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return finish_output(); }
     if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
                           o.model_path);
     /* the device: -d cpu, -d cuda, or (default) cuda when this build has it and a GPU is usable */
@@ -1178,9 +1208,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "run: note: %s: attention runs on the CPU\n", why);
     if (cuda && strcmp(o.mode, "generate") && strcmp(o.mode, "chat"))
         fprintf(stderr, "run: note: -m %s runs attention on the CPU (the CUDA path serves generate and chat)\n", o.mode);
-    if (!strcmp(o.mode, "ppl")) { run_ppl(&m, &o); model_close(&m); return 0; }
-    if (!strcmp(o.mode, "bench")) { run_bench(&m, &o); model_close(&m); return 0; }
-    if (!strcmp(o.mode, "passkey")) { run_passkey(&m, &o); model_close(&m); return 0; }
+    if (!strcmp(o.mode, "ppl")) { run_ppl(&m, &o); model_close(&m); return finish_output(); }
+    if (!strcmp(o.mode, "bench")) { run_bench(&m, &o); model_close(&m); return finish_output(); }
+    if (!strcmp(o.mode, "passkey")) { run_passkey(&m, &o); model_close(&m); return finish_output(); }
     if (o.ctx > m.config.seq_len)
         fprintf(stderr, "run: note: -c %d is past the trained context of %d tokens\n", o.ctx, m.config.seq_len);
     uint64_t seed = o.seed_set ? o.seed : (uint64_t)time(NULL);
@@ -1196,6 +1226,6 @@ int main(int argc, char **argv) {
     attn_dev_detach(&se.cache);
     session_free(&se);
     model_close(&m);
-    return 0;
+    return finish_output();
 }
 #endif

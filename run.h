@@ -109,7 +109,7 @@ typedef struct {
     int n_files;
     const char *kv[MAX_POLICIES];
     int n_kv;
-    int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, help, seed_set;
+    int steps, steps_set, ppl_mode_set, ctx, chunk, print_ids, add_bos, verbose, help, seed_set;
     float temperature, topp;
     unsigned long long seed;
     KVType kvt;

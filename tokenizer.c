@@ -383,6 +383,10 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
             if (t->merge[i].left == a && t->merge[i].right == b) break;   /* the first (lowest) rank wins */
         }
     }
+    if (r.pos != r.n) {   /* a section longer than its contents means a corrupt header or section */
+        set_err(err, errlen, "tokenizer section is %zu bytes but its contents end after %zu", r.n, r.pos);
+        goto fail;
+    }
     /* the fallback for each byte */
     for (int b = 0; b < 256; b++) {
         char c = (char)b;

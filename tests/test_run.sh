@@ -48,6 +48,24 @@ expect_error "n_heads not a multiple of n_kv_heads" "not a multiple" "$RUN" "$tm
 { head -c 8 "$M"; printf '\xff\xff\xff\x7f'; tail -c +13 "$M"; } >"$tmp/dim.bin"
 expect_error "absurd dim" "dim = 2147483647 is out of range" "$RUN" "$tmp/dim.bin"
 
+# a tokenizer section longer than its contents (a corrupt tokenizer_bytes) is refused, not read as garbage
+if [ -f "$SHARED/vocab/ggml-vocab-gpt-2.gguf" ]; then
+    "$EXPORT" "$SHARED/vocab/ggml-vocab-gpt-2.gguf" "$tmp/v.bin" --vocab-only >/dev/null 2>&1
+    python3 - "$tmp/v.bin" "$tmp/vlong.bin" <<'PY'
+import struct, sys
+d = bytearray(open(sys.argv[1], 'rb').read())
+off, n = struct.unpack_from('<QQ', d, 64)
+room = len(d) - (off + n)
+if room == 0:   # no padding after the section: grow the file by 64 bytes and say so in the header
+    d += bytes(64); struct.pack_into('<Q', d, 80, len(d)); struct.pack_into('<Q', d, 96, len(d)); room = 64
+struct.pack_into('<Q', d, 72, n + min(room, 8))
+open(sys.argv[2], 'wb').write(d)
+PY
+    expect_error "tokenizer section longer than its contents" "contents end after" "$RUN" "$tmp/vlong.bin" -m tokenize -i hi
+else
+    echo "SKIP tokenizer-length check: $SHARED/vocab/ggml-vocab-gpt-2.gguf missing"
+fi
+
 # --- flags ---
 expect_error "no model" "no model given" "$RUN"
 expect_error "flag without its value (-n)" "flag -n needs a value" "$RUN" "$M" -n

@@ -275,7 +275,8 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
  * NX is, so a token's result is bit-identical whether it is computed alone (decode) or in a chunk (batched
  * evaluation), and on any number of threads; the compiler vectorizes it without -ffast-math. */
 #define DOT_LANES 16
-static inline void dot_f32_n(float *out, const float *w, const float *const *x, int NX, int n) {
+static inline __attribute__((always_inline)) void dot_f32_body(float *out, const float *w, const float *const *x,
+                                                               int NX, int n) {
     float acc[4][DOT_LANES] = {{0}};
     int j = 0;
     for (; j + DOT_LANES <= n; j += DOT_LANES)
@@ -286,6 +287,17 @@ static inline void dot_f32_n(float *out, const float *w, const float *const *x, 
         for (int jj = j; jj < n; jj++) s += w[jj] * x[r][jj];
         for (int k = 0; k < DOT_LANES; k++) s += acc[r][k];
         out[r] = s;
+    }
+}
+
+/* The same body with NX a constant in each branch, so the compiler keeps the sums in registers (decode is NX = 1);
+ * the arithmetic and its order are the body's, so every branch gives the same bits. */
+static inline void dot_f32_n(float *out, const float *w, const float *const *x, int NX, int n) {
+    switch (NX) {
+    case 1: dot_f32_body(out, w, x, 1, n); break;
+    case 2: dot_f32_body(out, w, x, 2, n); break;
+    case 3: dot_f32_body(out, w, x, 3, n); break;
+    default: dot_f32_body(out, w, x, 4, n); break;
     }
 }
 

@@ -308,8 +308,8 @@ static inline void dot_f32_n(float *out, const float *w, const float *const *x, 
  * products come from vpmaddubsw on |qw| and qx·sign(qw) (each pair sum ≤ 2·127·127 fits int16, as values are in
  * [-127, 127]) and vpmaddwd, whose int32 lane m is exactly s_m; without it, portable C computes the same sums. */
 #define Q8_LANES 8
-static inline void dot_q8_n(float *out, const BlockQ8 *w, const int8_t *const *xq, const float *const *xd, int NX,
-                            int n_groups) {
+static inline __attribute__((always_inline)) void dot_q8_body(float *out, const BlockQ8 *w, const int8_t *const *xq,
+                                                              const float *const *xd, int NX, int n_groups) {
     float acc[4][Q8_LANES];
 #ifdef __AVX2__
     __m256 va[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -391,7 +391,14 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
                     xq[r] = act_q8.q + (size_t)(t + r) * cols;
                     xd[r] = act_q8.d + (size_t)(t + r) * n_groups;
                 }
-                dot_q8_n(o, (const BlockQ8 *)W.data + (size_t)i * n_groups, xq, xd, nx, n_groups);
+                const BlockQ8 *wr = (const BlockQ8 *)W.data + (size_t)i * n_groups;
+                /* NX a constant per branch, as for f32: same arithmetic, registers instead of memory */
+                switch (nx) {
+                case 1: dot_q8_body(o, wr, xq, xd, 1, n_groups); break;
+                case 2: dot_q8_body(o, wr, xq, xd, 2, n_groups); break;
+                case 3: dot_q8_body(o, wr, xq, xd, 3, n_groups); break;
+                default: dot_q8_body(o, wr, xq, xd, 4, n_groups); break;
+                }
             } else {
                 const float *xs[4];
                 for (int r = 0; r < nx; r++) xs[r] = x + (size_t)(t + r) * cols;

@@ -601,13 +601,6 @@ void run_bench(Model *m, const Options *o) {
     if (out && fclose(out)) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
 }
 
-/* splitmix64 (Steele et al. 2014) for the passkeys. */
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* ---------------------------------------------------------------------------------------------------------------
  * -m passkey: llama.cpp's passkey retrieval (examples/passkey): an instruction, the filler repeated to the length,

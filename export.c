@@ -905,13 +905,6 @@ typedef struct {
     int redraw_first;      /* random: the values of tensor 0 again (the q8 copy of a tied classifier) */
 } TensorSrc;
 
-/* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator whose output is the same on every platform. */
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 /* uniform in [-1, 1): the top 24 bits, so every value is an exact f32 */
 static float rand_unit(uint64_t *state) { return (float)(splitmix64(state) >> 40) * 0x1p-23f - 1.0f; }
 

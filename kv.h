@@ -287,6 +287,15 @@ void kv_describe(const KVCache *c, char *buf, size_t len);
  * positions, returns count. */
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max);
 
+/* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator whose output is the same on every platform; any
+ * seed, 0 included, gives a good stream. One copy for the sampler, the passkeys and export's random models. */
+static inline uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 /* ---- storage type conversions (IEEE 754 binary16, bfloat16), round to nearest even; shared by export.c and, compiled
  * for the device too (KV_HD), by attn.cu ---- */
 #ifdef __CUDACC__

@@ -502,13 +502,6 @@ int forward(Model *m, RunState *s, KVCache *cache, int token, int pos) {
  * Sampling
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* splitmix64 (Steele et al. 2014): any seed, 0 included, gives a well-mixed stream. */
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 static float rand_f32(uint64_t *state) { return (splitmix64(state) >> 40) * (1.0f / 16777216.0f); }  /* [0,1) */
 
 int sample_argmax(const float *logits, int n) {

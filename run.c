@@ -270,86 +270,153 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = w[i] * (r * x[i]);
 }
 
-/* Σ_j w[j]·x_r[j] for 1 to 4 vectors x_r sharing one weight row: 16 independent partial sums per output (one per
- * vector lane), then the tail, then the 16 sums in a fixed order. Every output follows the same order whatever
- * NX is, so a token's result is bit-identical whether it is computed alone (decode) or in a chunk (batched
- * evaluation), and on any number of threads; the compiler vectorizes it without -ffast-math. */
-#define DOT_LANES 16
-static inline __attribute__((always_inline)) void dot_f32_body(float *out, const float *w, const float *const *x,
-                                                               int NX, int n) {
-    float acc[4][DOT_LANES] = {{0}};
-    int j = 0;
-    for (; j + DOT_LANES <= n; j += DOT_LANES)
-        for (int r = 0; r < NX; r++)
-            for (int k = 0; k < DOT_LANES; k++) acc[r][k] += w[j + k] * x[r][j + k];
-    for (int r = 0; r < NX; r++) {
-        float s = 0;
-        for (int jj = j; jj < n; jj++) s += w[jj] * x[r][jj];
-        for (int k = 0; k < DOT_LANES; k++) s += acc[r][k];
-        out[r] = s;
-    }
-}
+/* The matmul kernels. A tile is R weight rows × T tokens (R ≤ 4, T ≤ 4, both constants in each instantiation so the
+ * accumulators live in registers): every 8-wide block of a weight row is loaded once per tile and used for T tokens,
+ * every block of an x vector once per tile and used for R rows. The tile shape, the thread count and the chunk size
+ * decide only which outputs are computed together, never how one is computed: each output has one fixed arithmetic,
+ * written down below, so a token's logits are bit-identical in decode (n = 1) and in any chunk, on any thread count,
+ * with or without AVX2 (the portable C does the same operations in the same order). */
+#define TILE_MAX 4
 
-/* The same body with NX a constant in each branch, so the compiler keeps the sums in registers (decode is NX = 1);
- * the arithmetic and its order are the body's, so every branch gives the same bits. */
-static inline void dot_f32_n(float *out, const float *w, const float *const *x, int NX, int n) {
-    switch (NX) {
-    case 1: dot_f32_body(out, w, x, 1, n); break;
-    case 2: dot_f32_body(out, w, x, 2, n); break;
-    case 3: dot_f32_body(out, w, x, 3, n); break;
-    default: dot_f32_body(out, w, x, 4, n); break;
-    }
-}
 
-/* Σ_g dw_g·dx_g·Σ_j qw[j]·qx[j] over the groups of one q8 weight row, for 1 to 4 quantized vectors sharing it.
- * The arithmetic, the same on every path so results never depend on the CPU or on NX: per group, 8 exact int32
- * sums s_m of 4 consecutive products (values 4m..4m+3), then acc_m += (float)s_m · (dw·dx) in 8 f32 lanes (a
- * multiply, then an add: no fused multiply-add), then the 8 lanes summed in order 0..7. With AVX2 the int8
- * products come from vpmaddubsw on |qw| and qx·sign(qw) (each pair sum ≤ 2·127·127 fits int16, as values are in
- * [-127, 127]) and vpmaddwd, whose int32 lane m is exactly s_m; without it, portable C computes the same sums. */
-#define Q8_LANES 8
-static inline __attribute__((always_inline)) void dot_q8_body(float *out, const BlockQ8 *w, const int8_t *const *xq,
-                                                              const float *const *xd, int NX, int n_groups) {
-    float acc[4][Q8_LANES];
-#ifdef __AVX2__
-    __m256 va[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int g = 0; g < n_groups; g++) {
-        __m256i qw = _mm256_loadu_si256((const __m256i *)w[g].q);
-        __m256i aw = _mm256_sign_epi8(qw, qw);
-#ifdef __F16C__
-        float dw = _cvtsh_ss(w[g].d);   /* exact, as kv_f16_to_f32 */
+
+
+/* a·b + c: one fused multiply-add where the build has FMA (fmaf becomes the vfmadd instruction, no libm call), else a
+ * multiply then an add; a build uses one or the other on all its paths. -std=c11 keeps GCC from contracting a*b+c
+ * on its own, so the choice is made here only. */
+#ifdef __FMA__
+#define madd_f32(a, b, c) fmaf(a, b, c)
+#define madd_ps(a, b, c) _mm256_fmadd_ps(a, b, c)
 #else
-        float dw = kv_f16_to_f32(w[g].d);
+#define madd_f32(a, b, c) ((a) * (b) + (c))
+#define madd_ps(a, b, c) _mm256_add_ps(_mm256_mul_ps(a, b), c)
 #endif
-        for (int r = 0; r < NX; r++) {
-            __m256i qx = _mm256_loadu_si256((const __m256i *)(xq[r] + (size_t)g * Q8_GROUP));
-            __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(qx, qw)), ones);
-            __m256 sc = _mm256_set1_ps(dw * xd[r][g]);
-            va[r] = _mm256_add_ps(va[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s32), sc));
+
+/* f32: out = Σ_j w[j]·x[j] as 8 partial sums a_k over j ≡ k (mod 8) in the whole 8-wide blocks (a_k = w·x + a_k by
+ * madd_f32, j ascending), then s = ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) (the order of the 256→128→64→32-bit
+ * AVX reduction), then the tail j ≥ cols − cols % 8 ascending, s = w[j]·x[j] + s by madd_f32. Eight lanes (one ymm
+ * per output) leave room for 16 outputs in the 16 ymm registers; with FMA the sum rounds once per term. */
+#ifdef __AVX2__
+static inline float hsum8_ps(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));   /* a_k + a_k+4 */
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                           /* (a0+a4) + (a2+a6), ... */
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+#endif
+
+/* out[t·ld_out + r] = W_r · x_t for the tile's R rows (w: (R, cols)) and T tokens (x: (T, cols)). */
+static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_t ld_out, const float *w,
+                                                               const float *x, int R, int T, int cols) {
+    float a[TILE_MAX][TILE_MAX][8];
+    int j = 0;
+#ifdef __AVX2__
+    __m256 acc[TILE_MAX][TILE_MAX];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (; j + 8 <= cols; j += 8) {
+        __m256 wv[TILE_MAX];
+        /* the empty asm pins each loaded block in a register: without it GCC reloads it as a memory operand of
+         * every multiply-add (R·T + T loads per step instead of R + T), and the loads, not the FMAs, set the pace */
+        for (int r = 0; r < R; r++) {
+            wv[r] = _mm256_loadu_ps(w + (size_t)r * cols + j);
+            __asm__("" : "+x"(wv[r]));
+        }
+        for (int t = 0; t < T; t++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * cols + j);
+            __asm__("" : "+x"(xv));
+            for (int r = 0; r < R; r++) acc[r][t] = madd_ps(wv[r], xv, acc[r][t]);
         }
     }
-    for (int r = 0; r < NX; r++) _mm256_storeu_ps(acc[r], va[r]);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = hsum8_ps(acc[r][t]);
+            for (int jj = j; jj < cols; jj++) s = madd_f32(w[(size_t)r * cols + jj], x[(size_t)t * cols + jj], s);
+            out[(size_t)t * ld_out + r] = s;
+        }
+    (void)a;
 #else
-    memset(acc, 0, sizeof acc);
+    memset(a, 0, sizeof a);
+    for (; j + 8 <= cols; j += 8)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < 8; k++)
+                    a[r][t][k] = madd_f32(w[(size_t)r * cols + j + k], x[(size_t)t * cols + j + k], a[r][t][k]);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            const float *v = a[r][t];
+            float s = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+            for (int jj = j; jj < cols; jj++) s = madd_f32(w[(size_t)r * cols + jj], x[(size_t)t * cols + jj], s);
+            out[(size_t)t * ld_out + r] = s;
+        }
+#endif
+}
+
+/* q8: out = Σ_g dw_g·dx_g·Σ_j qw[j]·qx[j] over the groups of one weight row, the arithmetic tests/test_q8.c writes
+ * out: per group, 8 exact int32 sums s_m of 4 consecutive products (values 4m..4m+3), then acc_m += (float)s_m ·
+ * (dw·dx) in 8 f32 lanes (a multiply, then an add: no fused multiply-add), then the 8 lanes summed in order 0..7.
+ * With AVX2 the int8 products come from vpmaddubsw on |qw| and qx·sign(qw) (each pair sum ≤ 2·127·127 fits int16,
+ * as values are in [-127, 127]) and vpmaddwd, whose int32 lane m is exactly s_m; dw·dx is one vmulps of two
+ * broadcasts (the same rounding as the scalar product); without AVX2, portable C computes the same sums. */
+static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t ld_out, const BlockQ8 *w,
+                                                              const int8_t *xq, const float *xd, int R, int T,
+                                                              int n_groups) {
+    float acc[TILE_MAX][TILE_MAX][8];
+    size_t cols = (size_t)n_groups * Q8_GROUP;
+#ifdef __AVX2__
+    __m256 va[TILE_MAX][TILE_MAX];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) va[r][t] = _mm256_setzero_ps();
     for (int g = 0; g < n_groups; g++) {
-        float dw = kv_f16_to_f32(w[g].d);
-        for (int r = 0; r < NX; r++) {
-            const int8_t *a = xq[r] + (size_t)g * Q8_GROUP;
-            float sc = dw * xd[r][g];
-            for (int m = 0; m < Q8_LANES; m++) {
-                int32_t s = 0;
-                for (int k = 0; k < 4; k++) s += (int32_t)w[g].q[4 * m + k] * a[4 * m + k];
-                acc[r][m] += (float)s * sc;
+        __m256i qw[TILE_MAX], aw[TILE_MAX];
+        __m256 dw[TILE_MAX];
+        for (int r = 0; r < R; r++) {
+            const BlockQ8 *b = w + (size_t)r * n_groups + g;
+            qw[r] = _mm256_loadu_si256((const __m256i *)b->q);
+            aw[r] = _mm256_sign_epi8(qw[r], qw[r]);
+            __asm__("" : "+x"(qw[r]), "+x"(aw[r]));   /* kept in registers, as the f32 tile's blocks */
+#ifdef __F16C__
+            dw[r] = _mm256_set1_ps(_cvtsh_ss(b->d));   /* exact, as kv_f16_to_f32 */
+#else
+            dw[r] = _mm256_set1_ps(kv_f16_to_f32(b->d));
+#endif
+        }
+        for (int t = 0; t < T; t++) {
+            __m256i qx = _mm256_loadu_si256((const __m256i *)(xq + t * cols + (size_t)g * Q8_GROUP));
+            __m256 dx = _mm256_broadcast_ss(xd + (size_t)t * n_groups + g);
+            __asm__("" : "+x"(qx));
+            for (int r = 0; r < R; r++) {
+                __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(qx, qw[r])), ones);
+                __m256 sc = _mm256_mul_ps(dw[r], dx);
+                va[r][t] = _mm256_add_ps(va[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(s32), sc));
             }
         }
     }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) _mm256_storeu_ps(acc[r][t], va[r][t]);
+#else
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < n_groups; g++)
+        for (int r = 0; r < R; r++) {
+            const BlockQ8 *b = w + (size_t)r * n_groups + g;
+            float dw = kv_f16_to_f32(b->d);
+            for (int t = 0; t < T; t++) {
+                const int8_t *qx = xq + t * cols + (size_t)g * Q8_GROUP;
+                float sc = dw * xd[(size_t)t * n_groups + g];
+                for (int m = 0; m < 8; m++) {
+                    int32_t s = 0;
+                    for (int k = 0; k < 4; k++) s += (int32_t)b->q[4 * m + k] * qx[4 * m + k];
+                    acc[r][t][m] += (float)s * sc;
+                }
+            }
+        }
 #endif
-    for (int r = 0; r < NX; r++) {
-        float s = acc[r][0];
-        for (int m = 1; m < Q8_LANES; m++) s += acc[r][m];
-        out[r] = s;
-    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = acc[r][t][0];
+            for (int m = 1; m < 8; m++) s += acc[r][t][m];
+            out[(size_t)t * ld_out + r] = s;
+        }
 }
 
 /* The quantized activations of a q8 matmul: grown when a larger (n, cols) arrives, kept for the process (no
@@ -360,11 +427,36 @@ static struct {
     size_t cap;   /* elements of q */
 } act_q8;
 
-/* out (n, rows) = x (n, cols) · W (rows, cols)ᵀ: row i of out[t] is W_i · x_t. Rows are split over threads, each
- * output computed by one thread; a weight row is read once per 4 tokens and stays in L1 across the chunk. For q8
- * weights every x_t is quantized once (groups of 32, f32 scale, quant.h), before the rows. */
+/* One tile with R and T turned into constants (a switch over the shapes the loops below produce), so each case is
+ * compiled with its accumulators in registers. */
+#define TILE_CASE(R, T)                                                                                              \
+    case (R) * 8 + (T):                                                                                              \
+        if (q8) dot_q8_tile(out, ld_out, (const BlockQ8 *)w, xq, xd, R, T, cols / Q8_GROUP);                         \
+        else dot_f32_tile(out, ld_out, (const float *)w, x, R, T, cols);                                             \
+        break;
+static void matmul_tile(float *out, size_t ld_out, const void *w, const float *x, const int8_t *xq, const float *xd,
+                        int q8, int R, int T, int cols) {
+    switch (R * 8 + T) {
+    TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3) TILE_CASE(1, 4)
+    TILE_CASE(2, 1) TILE_CASE(2, 2) TILE_CASE(2, 3) TILE_CASE(2, 4)
+    TILE_CASE(3, 1) TILE_CASE(3, 2) TILE_CASE(3, 3) TILE_CASE(3, 4)
+    TILE_CASE(4, 1) TILE_CASE(4, 2) TILE_CASE(4, 3) TILE_CASE(4, 4)
+    }
+}
+#undef TILE_CASE
+
+/* Bytes of weight rows a thread works through for every block of tokens before moving on: the panel stays in L2
+ * (512 KiB per core) while a block of up to 4 tokens' x (≤ 24 KiB at cols 1536) stays in L1 (32 KiB). */
+#define PANEL_BYTES (192 * 1024)
+
+/* out (n, rows) = x (n, cols) · W (rows, cols)ᵀ: row i of out[t] is W_i · x_t. Each thread takes one contiguous
+ * range of rows (whole tiles, so each streams its part of W once per panel pass), cut into panels that stay in L2;
+ * a panel is swept once per block of tokens by tiles of rows × tokens. Decode (n = 1) uses 4-row tiles (four
+ * independent sums in flight while W streams from memory); chunks use 3 rows × 4 tokens (12 accumulators, 3
+ * weight and 1 x register). For q8 weights every x_t is quantized once (groups of 32, f32 scale, quant.h), before
+ * the rows. */
 void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
-    int q8 = W.type == WTYPE_Q8, n_groups = cols / Q8_GROUP;
+    int q8 = W.type == WTYPE_Q8;
     if (q8) {
         size_t need = (size_t)n * cols;
         if (need > act_q8.cap) {
@@ -378,37 +470,36 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
         for (size_t g = 0; g < need / Q8_GROUP; g++)
             act_q8.d[g] = quant_q8_group(act_q8.q + g * Q8_GROUP, x + g * Q8_GROUP);
     }
+    size_t row_bytes = matrix_bytes(W.type, 1, cols);
+    /* tile shapes (rows × tokens), measured on Zen 3: decode streams one row at a time (several interleaved rows
+     * read slower from memory); f32 chunks use 3 × 4 (12 accumulators + 3 weight + 1 x register, 16 ymm); q8
+     * chunks 2 × 3, whose per-row registers (qw, |qw|, dw) leave room for 6 sums */
+    int tr = n == 1 ? 1 : q8 ? 2 : 3, tt = n == 1 ? 1 : q8 ? 3 : 4;
+    int panel = (int)(PANEL_BYTES / row_bytes) / tr * tr;
+    if (panel < tr) panel = tr;
     /* small matrices stay on one thread: waking the team costs more than the work */
-    #pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= 65536)
-    for (int i = 0; i < rows; i++) {
-        for (int t = 0; t < n; t += 4) {
-            int nx = n - t < 4 ? n - t : 4;
-            float o[4];
-            if (q8) {
-                const int8_t *xq[4];
-                const float *xd[4];
-                for (int r = 0; r < nx; r++) {
-                    xq[r] = act_q8.q + (size_t)(t + r) * cols;
-                    xd[r] = act_q8.d + (size_t)(t + r) * n_groups;
-                }
-                const BlockQ8 *wr = (const BlockQ8 *)W.data + (size_t)i * n_groups;
-                /* NX a constant per branch, as for f32: same arithmetic, registers instead of memory */
-                switch (nx) {
-                case 1: dot_q8_body(o, wr, xq, xd, 1, n_groups); break;
-                case 2: dot_q8_body(o, wr, xq, xd, 2, n_groups); break;
-                case 3: dot_q8_body(o, wr, xq, xd, 3, n_groups); break;
-                default: dot_q8_body(o, wr, xq, xd, 4, n_groups); break;
-                }
-            } else {
-                const float *xs[4];
-                for (int r = 0; r < nx; r++) xs[r] = x + (size_t)(t + r) * cols;
-                dot_f32_n(o, (const float *)W.data + (size_t)i * cols, xs, nx, cols);
+    #pragma omp parallel if ((size_t)rows * cols * n >= 65536)
+    {
+        int nth = 1, tid = 0;
+#ifdef _OPENMP
+        nth = omp_get_num_threads();
+        tid = omp_get_thread_num();
+#endif
+        int per = ((rows + nth - 1) / nth + tr - 1) / tr * tr;
+        int i_end = rows < (tid + 1) * per ? rows : (tid + 1) * per;
+        for (int p = tid * per; p < i_end; p += panel) {
+            int p_end = i_end < p + panel ? i_end : p + panel;
+            for (int t = 0; t < n; t += tt) {
+                int nt = n - t < tt ? n - t : tt;
+                for (int i = p; i < p_end; i += tr)
+                    matmul_tile(out + (size_t)t * rows + i, rows, (const uint8_t *)W.data + (size_t)i * row_bytes,
+                                x + (size_t)t * cols, q8 ? act_q8.q + (size_t)t * cols : NULL,
+                                q8 ? act_q8.d + (size_t)t * (cols / Q8_GROUP) : NULL, q8,
+                                p_end - i < tr ? p_end - i : tr, nt, cols);
             }
-            for (int r = 0; r < nx; r++) out[(size_t)(t + r) * rows + i] = o[r];
         }
     }
 }
-
 void matmul(float *out, const float *x, Matrix W, int rows, int cols) { matmul_n(out, x, W, rows, cols, 1); }
 
 static void timer_add(double *acc, double t0);

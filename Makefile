@@ -71,6 +71,11 @@ $(BUILD)/attn_twin.o: attn.cu $(HDRS) | $(BUILD)
 
 $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
+# kv_dump twice: kv.c with this machine's vector instructions, and kv.c as portable C (tests/test_kv_portable.sh)
+$(TESTBIN)/kv_dump: tests/kv_dump.c $(LIB_O) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
+$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c policies.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) -mno-avx -mno-avx2 -mno-fma -mno-f16c $(OMP) -I. -o $@ $< kv.c policies.c -lm
 $(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h | $(TESTBIN)
 	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<
 	$(CC) $(CFLAGS) $(OMP) -o $@ $(BUILD)/test_attn.o $(sort $(LIB_O) $(TWIN_O)) $(LDLIBS) -lstdc++
@@ -80,7 +85,7 @@ $(TESTBIN):
 	mkdir -p $@
 
 # the shell tests run $KVLAB_RUN and $KVLAB_EXPORT (./run and ./export by default)
-test: all $(TESTS) $(TESTBIN)/test_attn $(REPLAYS)
+test: all $(TESTS) $(TESTBIN)/test_attn $(TESTBIN)/kv_dump $(TESTBIN)/kv_dump_portable $(REPLAYS)
 	KVLAB_RUN=$(OUT)/run KVLAB_EXPORT=$(OUT)/export tests/run.sh $(TESTBIN)
 
 # Sanitizer build: everything (./run, ./export, tests) in build/debug; any report (leaks included) aborts the
@@ -100,12 +105,14 @@ fuzz: all
 	tools/fuzz.sh -t $(FUZZ_SECONDS)
 
 # Tools (not part of ./run): build/bw, the read bandwidth; build/kl_models, KL and perplexity of two model files on one
-# token stream. `make bench` runs tools/bench.sh (SmolLM2 decode f32/q8 against the bandwidth limit, batched ppl).
+# token stream; build/attn_bench, kv_attend_cpu alone on SmolLM2's attention shape. `make bench` runs tools/bench.sh (SmolLM2 decode f32/q8 against the bandwidth limit, batched ppl).
 .PHONY: tools
-tools: $(BUILD)/bw $(BUILD)/kl_models
+tools: $(BUILD)/bw $(BUILD)/kl_models $(BUILD)/attn_bench
 $(BUILD)/bw: tools/bw.c | $(BUILD)
 	$(CC) $(CFLAGS) $(OMP) -o $@ $<
 $(BUILD)/kl_models: tools/kl_models.c $(LIB_O) | $(BUILD)
+	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
+$(BUILD)/attn_bench: tools/attn_bench.c $(LIB_O) | $(BUILD)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
 bench: all tools
 	tools/bench.sh

@@ -10,6 +10,9 @@
 
 #include <errno.h>
 #include <math.h>
+#if defined(__AVX__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,6 +190,11 @@ static void rope_cs(float *cs, const KVShape *s, int pos) {
     }
 }
 
+/* GCC 12 turns this loop's rotation pattern into fused multiply-add-subtract (vfmaddsub) even with
+ * -ffp-contract=off, which would make the bits depend on the instruction set: its vectorizer stays off here. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
 static void rope_apply(float *x, const KVShape *s, const float *cs) {
     int half = s->head_dim / 2;
     for (int i = 0; i < half; i++) {
@@ -490,12 +498,16 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->kbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
+    c->vbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
+    c->qbuf = calloc((size_t)shape->n_heads * hd, sizeof(float));
+    c->vptr = calloc((size_t)shape->n_kv_heads * B, sizeof(float *));
     c->victim_buf = calloc((size_t)B, sizeof(int));
     c->score_buf = calloc((size_t)B, sizeof(double));
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
     c->rope_t = calloc((size_t)hd, sizeof(float));
     c->rope_t_pos = -1;
-    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->victim_buf || !c->score_buf
+    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->vbuf || !c->qbuf || !c->vptr
+        || !c->victim_buf || !c->score_buf
         || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
         size_t want = c->arena_bytes;
         kv_cache_free(c);
@@ -544,6 +556,7 @@ void kv_cache_reset(KVCache *c) {
 void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
+    free(c->vbuf); free(c->qbuf); free(c->vptr);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->score_buf);
     memset(c, 0, sizeof *c);
 }
@@ -643,12 +656,17 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     return 0;
 }
 
-/* The f32 key of the lane's i-th live slot, rotated as the position mode says, written to x (head_dim). */
-static void lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
+/* The f32 key of the lane's i-th live slot, rotated as the position mode says: a pointer into the cache (f32 keys,
+ * pos=orig), or x (head_dim) when it had to be decoded or rotated. */
+static const float *lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
     int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
-    if (slot >= Q) memcpy(x, ln->kres + (size_t)(slot - Q) * hd, (size_t)hd * sizeof(float));
+    const float *k = slot >= Q ? ln->kres + (size_t)(slot - Q) * hd
+                   : c->spec.ktype == KV_F32 ? (const float *)(const void *)(ln->k + (size_t)slot * c->k_bytes) : NULL;
+    if (c->spec.pos == POS_ORIG && k) return k;
+    if (k) memcpy(x, k, (size_t)hd * sizeof(float));
     else kv_decode(x, c->spec.ktype, ln->k + (size_t)slot * c->k_bytes, hd);
     if (c->spec.pos == POS_CACHE) rope_apply(x, &c->shape, c->rope_cs + (size_t)i * hd);
+    return x;
 }
 
 /* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
@@ -660,52 +678,272 @@ static const float *lane_value(const KVCache *c, const KVLane *ln, int i, float 
     return x;
 }
 
+/* Dot products for attention scores, Σ_j a[j]·b[j], always in this order, with or without AVX: 8 partial sums s_k
+ * (s_k takes j ≡ k mod 8 for j below 8·⌊n/8⌋, in increasing j, each a multiply then an add), folded as
+ * ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)) (the order of a vector reduction with hadd), plus the tail summed from 0.
+ * One order for every score, so a score's bits never depend on the thread count or on how the work is split. */
+#ifdef __AVX__
+/* the 8 lanes of s, folded as above, in the low 4 lanes' order: [s0+s4, s1+s5, s2+s6, s3+s7] */
+static inline __m128 fold8(__m256 s) { return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)); }
+#endif
+static inline float fold_tail(const float *a, const float *b, int j, int n) {
+    float tail = 0;
+    for (; j < n; j++) tail += a[j] * b[j];
+    return tail;
+}
+static inline float dot_attn(const float *a, const float *b, int n) {
+    int j = 0;
+    float sum;
+#ifdef __AVX__
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)));
+    __m128 h = fold8(acc);
+    h = _mm_hadd_ps(h, h);
+    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+#else
+    float s[8] = {0};
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[j + k] * b[j + k];
+    sum = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+#endif
+    return sum + fold_tail(a, b, j, n);
+}
+
+/* out[r] = dot_attn(q, k[r], n) for four keys: the same arithmetic, four independent chains so the adds' latency is
+ * hidden, and the four folds done together with hadd. */
+static inline void dot_attn4(float *out, const float *q, const float *const *k, int n) {
+#ifdef __AVX__
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 qj = _mm256_loadu_ps(q + j);
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(qj, _mm256_loadu_ps(k[0] + j)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(qj, _mm256_loadu_ps(k[1] + j)));
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(qj, _mm256_loadu_ps(k[2] + j)));
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(qj, _mm256_loadu_ps(k[3] + j)));
+    }
+    /* hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3]: twice gives each key's ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)) */
+    __m128 h = _mm_hadd_ps(_mm_hadd_ps(fold8(a0), fold8(a1)), _mm_hadd_ps(fold8(a2), fold8(a3)));
+    _mm_storeu_ps(out, h);
+    if (j < n)
+        for (int r = 0; r < 4; r++) out[r] += fold_tail(q, k[r], j, n);
+#else
+    for (int r = 0; r < 4; r++) out[r] = dot_attn(q, k[r], n);
+#endif
+}
+
+/* The attention output of a GQA group over columns [d0, d0 + w) of its lane, w ≤ 16: o_h[d] = Σ_i p_h[i]·v_i[d]
+ * for the group's G query heads, for every (h, d) in the naive loop's order (0 + p_0 v_0[d] + p_1 v_1[d] + ..., a
+ * multiply then an add). Each value row's 16 columns (one cache line) are read once for the whole group; with AVX
+ * the group's sums stay in registers (G ≤ 4). */
+#define WSUM_COLS 16
+#define WSUM_AHEAD 16   /* value rows prefetched ahead: the rows are scattered, one line of each is read */
+static inline __attribute__((always_inline)) void wsum_body(float *const *o, const float *const *p,
+                                                           const float *const *v, int n, int d0, int w, int G) {
+    int d = d0;
+#ifdef __AVX__
+    if (G <= 4 && w == 16) {   /* named sums, not an array: the compiler keeps them in registers */
+        __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
+        for (int i = 0; i < n; i++) {
+            if (i + WSUM_AHEAD < n) __builtin_prefetch(v[i + WSUM_AHEAD] + d0);
+            __m256 v0 = _mm256_loadu_ps(v[i] + d0), v1 = _mm256_loadu_ps(v[i] + d0 + 8), ph;
+            ph = _mm256_set1_ps(p[0][i]);
+            a00 = _mm256_add_ps(a00, _mm256_mul_ps(ph, v0));
+            a01 = _mm256_add_ps(a01, _mm256_mul_ps(ph, v1));
+            if (G > 1) {
+                ph = _mm256_set1_ps(p[1][i]);
+                a10 = _mm256_add_ps(a10, _mm256_mul_ps(ph, v0));
+                a11 = _mm256_add_ps(a11, _mm256_mul_ps(ph, v1));
+            }
+            if (G > 2) {
+                ph = _mm256_set1_ps(p[2][i]);
+                a20 = _mm256_add_ps(a20, _mm256_mul_ps(ph, v0));
+                a21 = _mm256_add_ps(a21, _mm256_mul_ps(ph, v1));
+            }
+            if (G > 3) {
+                ph = _mm256_set1_ps(p[3][i]);
+                a30 = _mm256_add_ps(a30, _mm256_mul_ps(ph, v0));
+                a31 = _mm256_add_ps(a31, _mm256_mul_ps(ph, v1));
+            }
+        }
+        __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+        for (int hh = 0; hh < G; hh++) {
+            _mm256_storeu_ps(o[hh] + d0, a[hh][0]);
+            _mm256_storeu_ps(o[hh] + d0 + 8, a[hh][1]);
+        }
+        return;
+    }
+    if (G <= 4 && w >= 8) {
+        __m256 a[4];
+        for (int hh = 0; hh < G; hh++) a[hh] = _mm256_setzero_ps();
+        for (int i = 0; i < n; i++) {
+            __m256 v0 = _mm256_loadu_ps(v[i] + d0);
+            for (int hh = 0; hh < G; hh++) a[hh] = _mm256_add_ps(a[hh], _mm256_mul_ps(_mm256_set1_ps(p[hh][i]), v0));
+        }
+        for (int hh = 0; hh < G; hh++) _mm256_storeu_ps(o[hh] + d0, a[hh]);
+        d += 8;
+    }
+#endif
+    for (int hh = 0; hh < G; hh++)
+        for (int dd = d; dd < d0 + w; dd++) {
+            float acc = 0;
+            for (int i = 0; i < n; i++) acc += p[hh][i] * v[i][dd];
+            o[hh][dd] = acc;
+        }
+}
+
+/* wsum_body with the group size a constant for the usual GQA ratios, so the compiler keeps the sums in registers;
+ * the arithmetic is the body's either way. */
+static void weighted_sum_group(float *const *o, const float *const *p, const float *const *v, int n, int d0, int w,
+                               int G) {
+    switch (G) {
+    case 1: wsum_body(o, p, v, n, d0, w, 1); break;
+    case 2: wsum_body(o, p, v, n, d0, w, 2); break;
+    case 3: wsum_body(o, p, v, n, d0, w, 3); break;
+    case 4: wsum_body(o, p, v, n, d0, w, 4); break;
+    default:
+        for (int hh = 0; hh < G; hh += 4)   /* four heads at a time: still one pass per four heads */
+            wsum_body(o + hh, p + hh, v, n, d0, w, G - hh < 4 ? G - hh : 4);
+    }
+}
+
+/* e^x for x ≤ 0 (a softmax's x − max), the same bits with or without AVX: x = n·ln2 + r with n = round(x·log2 e)
+ * (the 1.5·2²³ trick) and r reduced in two steps (Cody-Waite), e^r by Cephes' degree-7 polynomial for expf
+ * (S. Moshier; relative error about 1e-7), times 2ⁿ built in the exponent bits. Every step is one IEEE operation, a
+ * multiply or an add, never fused. Below −87 (e^x < 2⁻¹²⁶) it is 0; NaN stays NaN. */
+#define EXP_LO (-87.0f)
+#define EXP_C1 0.693359375f
+#define EXP_C2 (-2.12194440e-4f)
+#define EXP_MAGIC 12582912.0f
+static const float exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                  1.6666665459e-1f, 5.0000001201e-1f};
+static inline float exp_neg(float x) {
+    if (x != x) return x;   /* NaN stays NaN: a broken model shows */
+    if (x < EXP_LO) return 0;
+    float n = (x * 1.44269504088896341f + EXP_MAGIC) - EXP_MAGIC;
+    float r = (x - n * EXP_C1) - n * EXP_C2;
+    float y = exp_poly[0];
+    for (int k = 1; k < 6; k++) y = y * r + exp_poly[k];
+    y = (y * (r * r) + r) + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float p2;
+    memcpy(&p2, &bits, sizeof p2);
+    return y * p2;
+}
+#ifdef __AVX2__
+static inline __m256 exp_neg8(__m256 x) {
+    __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_NLT_UQ);   /* x ≥ −87, or NaN (which stays NaN) */
+    x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);                        /* maxps returns x when x is NaN */
+    __m256 magic = _mm256_set1_ps(EXP_MAGIC);
+    __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))),
+                             _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)));
+    __m256 y = _mm256_set1_ps(exp_poly[0]);
+    for (int k = 1; k < 6; k++) y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(exp_poly[k]));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), ok);
+}
+#endif
+
+/* In place, p[i] = e^(x_i − max) / Σ_j e^(x_j − max) over n scores, in a fixed order with or without AVX2: the sum
+ * is 8 partial sums (sum k takes i ≡ k mod 8 below 8·⌊n/8⌋) folded as in dot_attn, plus the tail summed from 0. */
+static void softmax_inplace(float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    int i = 0;
+    float sum;
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps(), m8 = _mm256_set1_ps(mx);
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    __m128 h = fold8(acc);
+    h = _mm_hadd_ps(h, h);
+    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+#else
+    float s[8] = {0};
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) { x[i + k] = exp_neg(x[i + k] - mx); s[k] += x[i + k]; }
+    sum = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+#endif
+    float tail = 0;
+    for (; i < n; i++) { x[i] = exp_neg(x[i] - mx); tail += x[i]; }
+    float inv = 1.0f / (sum + tail);
+    for (i = 0; i < n; i++) x[i] *= inv;
+}
+
 /* Multiply-adds per layer below which attention stays on one thread (as run.c's matmul does below 65536). */
 #define KV_PARALLEL_MIN_WORK 65536
+/* Keys per work item of the score phase: small enough to balance the lanes over the threads, large enough that an
+ * item's cost dwarfs handing it out. */
+#define KV_KEY_BLOCK 64
 
+/* Step 3 in three phases, each split over the threads in pieces whose arithmetic does not depend on the split, so
+ * any thread count gives the same bits:
+ *   scores   per (lane, block of 64 live slots): each key decoded/rotated once for the whole GQA group, its dot with
+ *            every query head of the group (values decoded there too, when they are not f32);
+ *   softmax  per query head: max, exp, sum and normalization in rank order;
+ *   output   per (lane, 16 columns): Σ_i p_hi v_i for the group's heads, each value read once for the group.
+ * At long contexts decode attention is bound by reading the cache (f32 SmolLM2 at 2,048 tokens: 92 MiB per token),
+ * so every phase reads each key and value once. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
-    int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv, budget = c->budget;
+    int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, group = nh / n_kv, budget = c->budget;
     float scale = 1.0f / sqrtf((float)hd);
-    /* step 3. Lanes are independent and each is computed by one thread: any thread count gives the same bits. Small
-       layers stay on one thread: waking the team costs more than the work (and much more on a loaded machine). */
-    size_t work = (size_t)c->lanes[l * n_kv].n_live * hd * s->n_heads;
+    const KVLane *lanes = &c->lanes[l * n_kv];
     const float *cs_t = rope_at(c, t);
-    #pragma omp parallel for schedule(static) if (work >= KV_PARALLEL_MIN_WORK)
-    for (int g = 0; g < n_kv; g++) {
-        const KVLane *ln = &c->lanes[l * n_kv + g];
-        int n = ln->n_live;
-        float *keys = c->kbuf + (size_t)g * budget * hd;   /* (n, hd) f32 keys, decoded and rotated once per group */
-        float qh[hd], vtmp[hd];
-        for (int i = 0; i < n; i++) lane_key(c, ln, i, keys + (size_t)i * hd);
-        for (int hh = 0; hh < group; hh++) {
-            int h = g * group + hh;
-            float *sc = c->scores + (size_t)h * budget;
-            memcpy(qh, q + (size_t)h * hd, (size_t)hd * sizeof(float));
-            if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n - 1) * hd);
-            else rope_apply(qh, s, cs_t);
-            float mx = -INFINITY;
-            for (int i = 0; i < n; i++) {
-                const float *k = keys + (size_t)i * hd;
-                float dot = 0;
-                for (int d = 0; d < hd; d++) dot += qh[d] * k[d];
-                sc[i] = dot * scale;
-                if (sc[i] > mx) mx = sc[i];
+    int max_n = 0;
+    for (int g = 0; g < n_kv; g++) max_n = lanes[g].n_live > max_n ? lanes[g].n_live : max_n;
+    /* the queries, rotated: at the query's position (pos=orig) or at the newest rank of its lane (pos=cache) */
+    for (int h = 0; h < nh; h++) {
+        float *qh = c->qbuf + (size_t)h * hd;
+        memcpy(qh, q + (size_t)h * hd, (size_t)hd * sizeof(float));
+        if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(lanes[h / group].n_live - 1) * hd);
+        else rope_apply(qh, s, cs_t);
+    }
+    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK, col_blocks = (hd + WSUM_COLS - 1) / WSUM_COLS;
+    /* small layers stay on one thread: waking the team costs more than the work (and much more on a loaded machine) */
+    size_t work = (size_t)max_n * hd * nh;
+    #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
+    {
+        #pragma omp for schedule(static)
+        for (int item = 0; item < n_kv * blocks; item++) {
+            int g = item / blocks, i0 = item % blocks * KV_KEY_BLOCK, n = lanes[g].n_live;
+            int i1 = i0 + KV_KEY_BLOCK < n ? i0 + KV_KEY_BLOCK : n;
+            if (i1 <= i0) continue;   /* this lane is shorter than the layer's longest */
+            const float **vp = c->vptr + (size_t)g * budget, *kp[KV_KEY_BLOCK + 3];
+            for (int i = i0; i < i1; i++) {
+                kp[i - i0] = lane_key(c, &lanes[g], i, c->kbuf + ((size_t)g * budget + i) * hd);
+                vp[i] = lane_value(c, &lanes[g], i, c->vbuf + ((size_t)g * budget + i) * hd);
+                /* ask for the block's key rows now, all at once, rather than one miss at a time in the dots */
+                for (int d = 0; d < hd; d += 16) __builtin_prefetch(kp[i - i0] + d);
             }
-            float sum = 0;
-            for (int i = 0; i < n; i++) { sc[i] = expf(sc[i] - mx); sum += sc[i]; }
-            float inv = 1.0f / sum;
-            for (int i = 0; i < n; i++) sc[i] *= inv;
-        }
-        /* out_h = Σ_i p_hi v_i, each value decoded once for the whole group */
-        for (int hh = 0; hh < group; hh++) memset(out + (size_t)(g * group + hh) * hd, 0, (size_t)hd * sizeof(float));
-        for (int i = 0; i < n; i++) {
-            const float *v = lane_value(c, ln, i, vtmp);
+            for (int i = i1; i < i0 + ((i1 - i0 + 3) & ~3); i++) kp[i - i0] = kp[0];   /* pad to four keys */
             for (int hh = 0; hh < group; hh++) {
-                int h = g * group + hh;
-                float p = c->scores[(size_t)h * budget + i], *o = out + (size_t)h * hd;
-                for (int d = 0; d < hd; d++) o[d] += p * v[d];
+                const float *qh = c->qbuf + (size_t)(g * group + hh) * hd;
+                float *sc = c->scores + (size_t)(g * group + hh) * budget, d4[4];
+                for (int i = i0; i < i1; i += 4) {
+                    dot_attn4(d4, qh, kp + (i - i0), hd);
+                    for (int r = 0; r < 4 && i + r < i1; r++) sc[i + r] = d4[r] * scale;
+                }
             }
+        }
+        #pragma omp for schedule(static)
+        for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
+        #pragma omp for schedule(static)
+        for (int item = 0; item < n_kv * col_blocks; item++) {
+            int g = item / col_blocks, d0 = item % col_blocks * WSUM_COLS;
+            float *o[group];
+            const float *p[group];
+            for (int hh = 0; hh < group; hh++) {
+                o[hh] = out + (size_t)(g * group + hh) * hd;
+                p[hh] = c->scores + (size_t)(g * group + hh) * budget;
+            }
+            weighted_sum_group(o, p, c->vptr + (size_t)g * budget, lanes[g].n_live, d0,
+                               hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, group);
         }
     }
     kv_attend_policy(c, l, t);

@@ -220,6 +220,9 @@ struct KVCache {
     float *scores;           /* (n_heads, budget) probabilities of the last step, per query head */
     float *agg, *mean;       /* (n_kv_heads, budget) aggregated over a GQA group */
     float *kbuf;             /* (n_kv_heads, budget, head_dim) dequantized / rotated keys */
+    float *vbuf;             /* (n_kv_heads, budget, head_dim) dequantized values */
+    const float **vptr;      /* (n_kv_heads, budget) each live value's f32 row: in the cache or in vbuf */
+    float *qbuf;             /* (n_heads, head_dim) rotated queries */
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
     float *rope_t;           /* (head_dim/2, 2) cos, sin of position rope_t_pos, shared by the layers of a step */
     int rope_t_pos;

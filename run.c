@@ -304,9 +304,11 @@ static inline float hsum8_ps(__m256 v) {
 }
 #endif
 
-/* out[t·ld_out + r] = W_r · x_t for the tile's R rows (w: (R, cols)) and T tokens (x: (T, cols)). */
-static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_t ld_out, const float *w,
-                                                               const float *x, int R, int T, int cols) {
+/* out[t·ld_out + r·ld_r] = W_r · x_t for the tile's R rows (row r at w + r·ldw elements) and T tokens
+ * (x: (T, cols)). */
+static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_t ld_out, size_t ld_r,
+                                                               const float *w, size_t ldw, const float *x, int R,
+                                                               int T, int cols) {
     float a[TILE_MAX][TILE_MAX][8];
     int j = 0;
 #ifdef __AVX2__
@@ -318,7 +320,7 @@ static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_
         /* the empty asm pins each loaded block in a register: without it GCC reloads it as a memory operand of
          * every multiply-add (R·T + T loads per step instead of R + T), and the loads, not the FMAs, set the pace */
         for (int r = 0; r < R; r++) {
-            wv[r] = _mm256_loadu_ps(w + (size_t)r * cols + j);
+            wv[r] = _mm256_loadu_ps(w + r * ldw + j);
             __asm__("" : "+x"(wv[r]));
         }
         for (int t = 0; t < T; t++) {
@@ -330,8 +332,8 @@ static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) {
             float s = hsum8_ps(acc[r][t]);
-            for (int jj = j; jj < cols; jj++) s = madd_f32(w[(size_t)r * cols + jj], x[(size_t)t * cols + jj], s);
-            out[(size_t)t * ld_out + r] = s;
+            for (int jj = j; jj < cols; jj++) s = madd_f32(w[r * ldw + jj], x[(size_t)t * cols + jj], s);
+            out[(size_t)t * ld_out + r * ld_r] = s;
         }
     (void)a;
 #else
@@ -340,13 +342,13 @@ static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_
         for (int r = 0; r < R; r++)
             for (int t = 0; t < T; t++)
                 for (int k = 0; k < 8; k++)
-                    a[r][t][k] = madd_f32(w[(size_t)r * cols + j + k], x[(size_t)t * cols + j + k], a[r][t][k]);
+                    a[r][t][k] = madd_f32(w[r * ldw + j + k], x[(size_t)t * cols + j + k], a[r][t][k]);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) {
             const float *v = a[r][t];
             float s = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-            for (int jj = j; jj < cols; jj++) s = madd_f32(w[(size_t)r * cols + jj], x[(size_t)t * cols + jj], s);
-            out[(size_t)t * ld_out + r] = s;
+            for (int jj = j; jj < cols; jj++) s = madd_f32(w[r * ldw + jj], x[(size_t)t * cols + jj], s);
+            out[(size_t)t * ld_out + r * ld_r] = s;
         }
 #endif
 }
@@ -357,8 +359,9 @@ static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_
  * With AVX2 the int8 products come from vpmaddubsw on |qw| and qx·sign(qw) (each pair sum ≤ 2·127·127 fits int16,
  * as values are in [-127, 127]) and vpmaddwd, whose int32 lane m is exactly s_m; dw·dx is one vmulps of two
  * broadcasts (the same rounding as the scalar product); without AVX2, portable C computes the same sums. */
-static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t ld_out, const BlockQ8 *w,
-                                                              const int8_t *xq, const float *xd, int R, int T,
+static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t ld_out, size_t ld_r,
+                                                              const BlockQ8 *w, size_t ldw, const int8_t *xq,
+                                                              const float *xd, int R, int T,
                                                               int n_groups) {
     float acc[TILE_MAX][TILE_MAX][8];
     size_t cols = (size_t)n_groups * Q8_GROUP;
@@ -371,7 +374,7 @@ static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t
         __m256i qw[TILE_MAX], aw[TILE_MAX];
         __m256 dw[TILE_MAX];
         for (int r = 0; r < R; r++) {
-            const BlockQ8 *b = w + (size_t)r * n_groups + g;
+            const BlockQ8 *b = w + r * ldw + g;
             qw[r] = _mm256_loadu_si256((const __m256i *)b->q);
             aw[r] = _mm256_sign_epi8(qw[r], qw[r]);
             __asm__("" : "+x"(qw[r]), "+x"(aw[r]));   /* kept in registers, as the f32 tile's blocks */
@@ -398,7 +401,7 @@ static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t
     memset(acc, 0, sizeof acc);
     for (int g = 0; g < n_groups; g++)
         for (int r = 0; r < R; r++) {
-            const BlockQ8 *b = w + (size_t)r * n_groups + g;
+            const BlockQ8 *b = w + r * ldw + g;
             float dw = kv_f16_to_f32(b->d);
             for (int t = 0; t < T; t++) {
                 const int8_t *qx = xq + t * cols + (size_t)g * Q8_GROUP;
@@ -415,7 +418,7 @@ static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t
         for (int t = 0; t < T; t++) {
             float s = acc[r][t][0];
             for (int m = 1; m < 8; m++) s += acc[r][t][m];
-            out[(size_t)t * ld_out + r] = s;
+            out[(size_t)t * ld_out + r * ld_r] = s;
         }
 }
 
@@ -431,11 +434,12 @@ static struct {
  * compiled with its accumulators in registers. */
 #define TILE_CASE(R, T)                                                                                              \
     case (R) * 8 + (T):                                                                                              \
-        if (q8) dot_q8_tile(out, ld_out, (const BlockQ8 *)w, xq, xd, R, T, cols / Q8_GROUP);                         \
-        else dot_f32_tile(out, ld_out, (const float *)w, x, R, T, cols);                                             \
+        if (q8) dot_q8_tile(out, ld_out, ld_r, (const BlockQ8 *)w, ld_r * (cols / Q8_GROUP), xq, xd, R, T,         \
+                            cols / Q8_GROUP);                                                                        \
+        else dot_f32_tile(out, ld_out, ld_r, (const float *)w, ld_r * cols, x, R, T, cols);                          \
         break;
-static void matmul_tile(float *out, size_t ld_out, const void *w, const float *x, const int8_t *xq, const float *xd,
-                        int q8, int R, int T, int cols) {
+static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, const float *x, const int8_t *xq,
+                        const float *xd, int q8, int R, int T, int cols) {
     switch (R * 8 + T) {
     TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3) TILE_CASE(1, 4)
     TILE_CASE(2, 1) TILE_CASE(2, 2) TILE_CASE(2, 3) TILE_CASE(2, 4)
@@ -448,12 +452,15 @@ static void matmul_tile(float *out, size_t ld_out, const void *w, const float *x
 /* Bytes of weight rows a thread works through for every block of tokens before moving on: the panel stays in L2
  * (512 KiB per core) while a block of up to 4 tokens' x (≤ 24 KiB at cols 1536) stays in L1 (32 KiB). */
 #define PANEL_BYTES (192 * 1024)
+/* rows a decode tile reads at once, each from its own stretch of W: 3 measured fastest (1: 13.3, 2: 8.7-9.7,
+ * 3: 8.2, 4: 7.8-8.9 ms per q8 token on one core) */
+#define DECODE_STREAMS 3
 
 /* out (n, rows) = x (n, cols) · W (rows, cols)ᵀ: row i of out[t] is W_i · x_t. Each thread takes one contiguous
  * range of rows (whole tiles, so each streams its part of W once per panel pass), cut into panels that stay in L2;
- * a panel is swept once per block of tokens by tiles of rows × tokens. Decode (n = 1) uses 4-row tiles (four
- * independent sums in flight while W streams from memory); chunks use 3 rows × 4 tokens (12 accumulators, 3
- * weight and 1 x register). For q8 weights every x_t is quantized once (groups of 32, f32 scale, quant.h), before
+ * a panel is swept once per block of tokens by tiles of rows × tokens. Decode (n = 1) reads DECODE_STREAMS rows
+ * per tile, each from its own contiguous stretch of the thread's rows. For q8 weights every x_t is quantized once
+ * (groups of 32, f32 scale, quant.h), before
  * the rows. */
 void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
     int q8 = W.type == WTYPE_Q8;
@@ -471,8 +478,8 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
             act_q8.d[g] = quant_q8_group(act_q8.q + g * Q8_GROUP, x + g * Q8_GROUP);
     }
     size_t row_bytes = matrix_bytes(W.type, 1, cols);
-    /* tile shapes (rows × tokens), measured on Zen 3: decode streams one row at a time (several interleaved rows
-     * read slower from memory); f32 chunks use 3 × 4 (12 accumulators + 3 weight + 1 x register, 16 ymm); q8
+    /* tile shapes (rows × tokens) for chunks, measured on Zen 3: f32 chunks use 3 × 4 (12 accumulators + 3 weight
+     * + 1 x register, 16 ymm); q8
      * chunks 2 × 3, whose per-row registers (qw, |qw|, dw) leave room for 6 sums */
     int tr = n == 1 ? 1 : q8 ? 2 : 3, tt = n == 1 ? 1 : q8 ? 3 : 4;
     int panel = (int)(PANEL_BYTES / row_bytes) / tr * tr;
@@ -487,12 +494,24 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
 #endif
         int per = ((rows + nth - 1) / nth + tr - 1) / tr * tr;
         int i_end = rows < (tid + 1) * per ? rows : (tid + 1) * per;
+        if (n == 1 && tid * per < i_end) {
+            /* decode: DECODE_STREAMS rows at a time, taken from equal, contiguous sub-ranges of this thread's rows,
+             * so each is one unbroken stream through memory that the prefetchers follow (adjacent rows in one tile
+             * break the streams every row and ran ~2x slower) */
+            int b = tid * per, h = (i_end - b) / DECODE_STREAMS;
+            for (int i = b; i < b + h; i++)
+                matmul_tile(out + i, rows, h, (const uint8_t *)W.data + (size_t)i * row_bytes, x, act_q8.q, act_q8.d,
+                            q8, DECODE_STREAMS, 1, cols);
+            for (int i = b + DECODE_STREAMS * h; i < i_end; i++)
+                matmul_tile(out + i, rows, 1, (const uint8_t *)W.data + (size_t)i * row_bytes, x, act_q8.q, act_q8.d,
+                            q8, 1, 1, cols);
+        } else
         for (int p = tid * per; p < i_end; p += panel) {
             int p_end = i_end < p + panel ? i_end : p + panel;
             for (int t = 0; t < n; t += tt) {
                 int nt = n - t < tt ? n - t : tt;
                 for (int i = p; i < p_end; i += tr)
-                    matmul_tile(out + (size_t)t * rows + i, rows, (const uint8_t *)W.data + (size_t)i * row_bytes,
+                    matmul_tile(out + (size_t)t * rows + i, rows, 1, (const uint8_t *)W.data + (size_t)i * row_bytes,
                                 x + (size_t)t * cols, q8 ? act_q8.q + (size_t)t * cols : NULL,
                                 q8 ? act_q8.d + (size_t)t * (cols / Q8_GROUP) : NULL, q8,
                                 p_end - i < tr ? p_end - i : tr, nt, cols);

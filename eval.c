@@ -426,6 +426,16 @@ void run_ppl(Model *m, const Options *o) {
     for (int k = 0; k < n_pol; k++) {
         policy_run_init(&runs[k + !chunked], m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "ppl");
     }
+    /* the runs go layer by layer in lockstep: one policy that is not layer-local makes the stream token by token
+       (the chunk-sized buffers stay; only their first row is used) */
+    if (!chunked && chunk > 1)
+        for (int k = 0; k < n_runs; k++)
+            if (!kv_layer_local(&runs[k].cache)) {
+                fprintf(stderr, "ppl: '%s' is not layer-local: -chunk %d falls back to token by token\n",
+                        runs[k].cache.spec.text, chunk);
+                chunk = 1;
+                break;
+            }
     EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx, 0};
     if (!chunked) {
         e.shadow_prob = calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float));

@@ -136,6 +136,9 @@ typedef struct {
                                   compression); the budget is then the policy's own target */
     int prompt_end;            /* 1: acts at the end of the prompt (kv_set_prompt_len or prefill=P) */
     int needs_attention;       /* 1: wants step 4's probabilities */
+    int cross_layer;           /* 1: its decisions at layer l may depend on other layers' attention of the same token,
+                                  so a chunk cannot run layer by layer: forward_chunk and -chunk fall back to token
+                                  by token. 0 (every policy today): layer-local, batched evaluation is exact */
     /* Read the policy's own keys from spec (kv_spec_get), set defaults, check them against the budget (which must
      * exceed what the policy protects, the current token counted, by at least one slot it chooses). 0, or -1 +
      * message; on -1 the caller still calls free. */
@@ -285,6 +288,8 @@ KVBytes kv_lane_bytes(const KVCache *c, int l, int g);
 size_t kv_alloc_bytes_for(const KVShape *shape, const KVSpec *spec, const KVPolicyOps *ops, int budget);
 /* One line: policy, resolved budget and parameters, types, residual, pos, agg (for the start-up line and -v). */
 void kv_describe(const KVCache *c, char *buf, size_t len);
+/* 1 when the cache's policy is layer-local (batched evaluation is exact), 0 when it declares cross_layer. */
+static inline int kv_layer_local(const KVCache *c) { return !c->policy.ops->cross_layer; }
 
 /* Slots of a lane that are live now, as positions in increasing order (for tests and logs): writes up to max
  * positions, returns count. */

@@ -530,9 +530,10 @@ double now_s(void) {
 static void timer_add(double *acc, double t0) { if (acc) *acc += now_s() - t0; }
 
 /* The forward pass in three parts, so a teacher-forced stream can run a chunk of n tokens layer by layer (every
- * policy is layer-local: its decisions at layer l depend only on layer l's attention). Matmuls are batched over the
- * chunk; attention and the policy step token by token inside the layer, in position order, so the result is
- * bit-identical to decoding the tokens one at a time. forward() is the n = 1 case. */
+ * policy today is layer-local: its decisions at layer l depend only on layer l's attention). Matmuls are batched over
+ * the chunk; attention and the policy step token by token inside the layer, in position order, so the result is
+ * bit-identical to decoding the tokens one at a time. forward() is the n = 1 case. A policy that declares
+ * cross_layer (kv.h) makes forward_chunk go token by token. */
 
 void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0) {
     int dim = m->config.dim;
@@ -597,6 +598,21 @@ void forward_end(Model *m, RunState *s) {
 }
 
 int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int n, int pos0) {
+    if (n > 1 && !kv_layer_local(cache)) {
+        /* a policy that reads other layers' attention: one token at a time (each pass writes logits row 0). Row t
+           gets token t's logits, t = 1..n-2 as they come; token 0's wait in row n-1 and are swapped in at the end. */
+        size_t V = (size_t)m->config.vocab_size;
+        float *lg = s->logits;
+        for (int t = 0; t < n; t++) {
+            if (forward_chunk(m, s, cache, tokens + t, 1, pos0 + t)) return -1;
+            if (t > 0 && t < n - 1) memcpy(lg + t * V, lg, V * sizeof(float));
+            if (t == 0) memcpy(lg + (n - 1) * V, lg, V * sizeof(float));
+        }
+        for (size_t i = 0; i < V; i++) { float x = lg[i]; lg[i] = lg[(n - 1) * V + i]; lg[(n - 1) * V + i] = x; }
+        s->n = n;
+        s->pos0 = pos0;
+        return 0;
+    }
     forward_begin(m, s, tokens, n, pos0);
     for (int l = 0; l < m->config.n_layers; l++)
         if (forward_layer(m, s, cache, l)) return -1;
@@ -859,20 +875,6 @@ static void ids_push(IdList *l, int id) {
     }
     l->ids[l->n++] = id;
 }
-static void ids_append_text(IdList *l, const Model *m, const char *text) {
-    int *ids;
-    size_t n;
-    char err[256];
-    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, strlen(text), 0, &ids, &n, err, sizeof err))
-        fatal("tokenizer: %s", err);
-    for (size_t i = 0; i < n; i++) ids_push(l, ids[i]);
-    free(ids);
-}
-static void ids_append_special(IdList *l, const Model *m, const char *marker) {
-    int id = tokenizer_find(&m->tokenizer, marker);
-    if (id < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", marker);
-    ids_push(l, id);
-}
 
 /* Parse "12 34 56" (whitespace-separated decimal ids) for ids-only prompts and detokenize. */
 static int parse_ids(const char *text, int vocab, IdList *out, char *err, size_t errlen) {
@@ -900,6 +902,51 @@ int ids_parse(const char *text, int vocab, int **ids, size_t *n, char *err, size
     *ids = l.ids;
     *n = l.n;
     return 0;
+}
+
+void json_write_string_body(FILE *f, const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+}
+
+char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fatal("cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) || S_ISDIR(st.st_mode)) fatal("'%s' is not a regular file", path);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) fatal("out of memory");
+    size_t r;
+    while ((r = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) { cap *= 2; buf = realloc(buf, cap + 1); if (!buf) fatal("out of memory"); }
+    }
+    if (ferror(f)) fatal("cannot read '%s'", path);
+    fclose(f);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+#ifndef KVLAB_NO_MAIN   /* the modes' drivers and main */
+
+static void ids_append_text(IdList *l, const Model *m, const char *text) {
+    int *ids;
+    size_t n;
+    char err[256];
+    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text, strlen(text), 0, &ids, &n, err, sizeof err))
+        fatal("tokenizer: %s", err);
+    for (size_t i = 0; i < n; i++) ids_push(l, ids[i]);
+    free(ids);
+}
+static void ids_append_special(IdList *l, const Model *m, const char *marker) {
+    int id = tokenizer_find(&m->tokenizer, marker);
+    if (id < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", marker);
+    ids_push(l, id);
 }
 
 /* The engine state of one generation: model, cache, sampler, the token stream so far. */
@@ -937,13 +984,6 @@ static void kvlog_event(void *ctx, int pos_now, int layer, int kv_head, int evic
     fprintf(se->kvlog, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", score, reason);
 }
 
-void json_write_string_body(FILE *f, const char *s) {
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-}
 
 static void session_init(Session *se, Model *m, const Options *o, uint64_t seed) {
     memset(se, 0, sizeof *se);
@@ -1074,25 +1114,6 @@ static void print_summary(Session *se, const Options *o) {
             b.peak_live / 1048576.0, peak_rss_kib() / 1024.0, dev);
 }
 
-char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fatal("cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) || S_ISDIR(st.st_mode)) fatal("'%s' is not a regular file", path);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) fatal("out of memory");
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) { cap *= 2; buf = realloc(buf, cap + 1); if (!buf) fatal("out of memory"); }
-    }
-    if (ferror(f)) fatal("cannot read '%s'", path);
-    fclose(f);
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
 
 /* The chat formats kvlab renders, chosen from the model's chat template text. */
 typedef enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA2, CHAT_LLAMA3 } ChatFormat;
@@ -1298,7 +1319,6 @@ static void run_detokenize(Model *m, const Options *o) {
     free(text);
 }
 
-#ifndef KVLAB_NO_MAIN
 /* stdout is the product: a write error (a full disk, a closed pipe) is an error exit, not a silent success */
 static int finish_output(void) {
     if (fflush(stdout) || ferror(stdout)) {

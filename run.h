@@ -102,7 +102,7 @@ typedef struct {
 } Sampler;
 
 #define MAX_FILES 64
-#define MAX_POLICIES 16
+#define MAX_POLICIES 32
 typedef struct {
     const char *model_path, *mode, *prompt, *system, *kvlog, *device, *out, *ppl_mode, *tokenlog;
     const char *files[MAX_FILES];

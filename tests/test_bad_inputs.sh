@@ -202,8 +202,8 @@ expect "two -kv in chat"         "several policies run only in"    "$RUN" "$V" -
 expect "-y in generate"          "for -m chat only"                "$RUN" "$V" -y sys -i hi
 many_f=(); for i in $(seq 65); do many_f+=(-f "$d/ids.txt"); done
 expect "65 -f files"             "too many -f files"               "$RUN" "$R" -m ppl "${many_f[@]}"
-many_kv=(); for i in $(seq 17); do many_kv+=(-kv window:8); done
-expect "17 -kv policies"         "too many -kv policies"           "$RUN" "$R" -m ppl "${many_kv[@]}"
+many_kv=(); for i in $(seq 33); do many_kv+=(-kv window:8); done
+expect "33 -kv policies"         "too many -kv policies"           "$RUN" "$R" -m ppl "${many_kv[@]}"
 # --- bad -kv specs ---
 kv() { expect "-kv '$1'" "$2" "$RUN" "$R" -n 1 -i 1 -kv "$1"; }
 kv ""                           "empty kv spec"

@@ -561,7 +561,7 @@ void run_bench(Model *m, const Options *o) {
     double *ms = malloc((size_t)steps * sizeof(double));
     for (int k = 0; k < n_pol; k++) {
         PolicyRun r;
-        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx_max, 0, 1, "bench");
+        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx_max, 0, PREFILL_CHUNK, "bench");
         /* warm-up: page the weights in, wake the threads */
         for (int t = 0; t < 8; t++) forward(m, &r.s, &r.cache, tok[t], t);
         for (int li = 0; li < n_lens; li++) {
@@ -569,8 +569,9 @@ void run_bench(Model *m, const Options *o) {
             kv_cache_reset(&r.cache);
             kv_set_prompt_len(&r.cache, L);
             double t0 = now_s();
-            for (int t = 0; t < L; t++)
-                if (forward(m, &r.s, &r.cache, tok[t], t)) fatal("'%s' filled up at %d tokens", r.cache.spec.text, t);
+            /* the prompt as generate prefills it: PREFILL_CHUNK tokens at a time */
+            if (forward_prefill(m, &r.s, &r.cache, tok, (size_t)L, 0, PREFILL_CHUNK))
+                fatal("'%s' filled up within %d tokens", r.cache.spec.text, L);
             int next = sample_argmax(r.s.logits, m->config.vocab_size);
             double ttft = now_s() - t0;
             r.s.t_matmul = r.s.t_attn = 0;
@@ -693,17 +694,10 @@ static long passkey_answer(Model *m, PolicyRun *r, int *pos, int max_new, char *
     return strtol(p, NULL, 10);
 }
 
-/* Prefill ids[0..n) from position *pos in chunks. 0, or -1 when the cache filled up. */
+/* Prefill ids[0..n) from position *pos in chunks (forward_prefill); *pos advances. 0, or -1 when the cache filled. */
 static int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chunk) {
-    for (size_t i = 0; i < n; i += (size_t)chunk) {
-        int nt = n - i < (size_t)chunk ? (int)(n - i) : chunk;
-        if (forward_chunk(m, &r->s, &r->cache, ids + i, nt, *pos)) return -1;
-        *pos += nt;
-    }
-    /* forward_chunk leaves the chunk's logits in rows; the next token is predicted by the last one */
-    int last = (int)((n - 1) % (size_t)chunk);
-    if (last) memmove(r->s.logits, r->s.logits + (size_t)last * m->config.vocab_size,
-                      (size_t)m->config.vocab_size * sizeof(float));
+    if (forward_prefill(m, &r->s, &r->cache, ids, n, *pos, chunk)) return -1;
+    *pos += (int)n;
     return 0;
 }
 

@@ -624,6 +624,19 @@ int forward(Model *m, RunState *s, KVCache *cache, int token, int pos) {
     return forward_chunk(m, s, cache, &token, 1, pos);
 }
 
+int forward_prefill(Model *m, RunState *s, KVCache *cache, const int *ids, size_t n, int pos, int chunk) {
+    if (chunk > s->n_max) chunk = s->n_max;
+    for (size_t i = 0; i < n; i += (size_t)chunk) {
+        int nt = n - i < (size_t)chunk ? (int)(n - i) : chunk;
+        if (forward_chunk(m, s, cache, ids + i, nt, pos + (int)i)) return -1;
+    }
+    /* forward_chunk left the last chunk's logits in rows: the next token is predicted by its last row */
+    int last = n ? (int)((n - 1) % (size_t)chunk) : 0;
+    if (last) memmove(s->logits, s->logits + (size_t)last * m->config.vocab_size,
+                      (size_t)m->config.vocab_size * sizeof(float));
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
  * Sampling
  * ------------------------------------------------------------------------------------------------------------- */
@@ -999,7 +1012,7 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
     KVShape shape = model_kv_shape(m, ctx);
     if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) fatal("-kv: %s", err);
     se->capacity = se->cache.policy.ops->evicts ? INT_MAX : se->cache.budget;
-    if (state_init(&se->s, c) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
+    if (state_init_chunk(&se->s, c, PREFILL_CHUNK) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
         fatal("out of memory");
     if (o->kvlog) {
         se->kvlog = fopen(o->kvlog, "w");
@@ -1059,11 +1072,12 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
               "larger -c or an evicting policy", prompt->n, se->capacity, se->cache.spec.text, se->pos);
     double t0 = now_s();
     kv_set_prompt_len(&se->cache, se->pos + (int)prompt->n);   /* snapkv compresses at the end of the first prompt */
-    for (size_t i = 0; i < prompt->n; i++) {
-        if (session_feed(se, prompt->ids[i]))
-            fatal("the prompt needs more than the %d tokens the cache holds (-c); use a larger -c or an evicting "
-                "policy", se->capacity);
-    }
+    /* batched prefill (bit-identical to feeding the tokens one by one); the stream first, for -kvlog's text */
+    for (size_t i = 0; i < prompt->n; i++) ids_push(&se->stream, prompt->ids[i]);
+    if (forward_prefill(se->m, &se->s, &se->cache, prompt->ids, prompt->n, se->pos, PREFILL_CHUNK))
+        fatal("the prompt needs more than the %d tokens the cache holds (-c); use a larger -c or an evicting policy",
+              se->capacity);
+    se->pos += (int)prompt->n;
     se->n_prompt += (int)prompt->n;
     double t1 = now_s();
     se->t_prompt += t1 - t0;

@@ -144,6 +144,11 @@ int forward(Model *m, RunState *s, KVCache *cache, int token, int pos);
  * attention and the policy stepped token by token inside each layer. Bit-identical to n calls of forward() for
  * layer-local policies. Logits of token t in s->logits + t * vocab_size. */
 int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int n, int pos0);
+/* A prompt: ids[0..n) at positions pos.., min(chunk, s->n_max) tokens at a time through forward_chunk; the last
+ * token's logits are left in s->logits (row 0). 0, or -1 as forward. Generate, chat and -m bench prefill with
+ * PREFILL_CHUNK. */
+#define PREFILL_CHUNK 64
+int forward_prefill(Model *m, RunState *s, KVCache *cache, const int *ids, size_t n, int pos, int chunk);
 /* forward_chunk's parts, for running several caches in lockstep layer by layer (the evaluation's shadow). */
 void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0);
 int forward_layer(Model *m, RunState *s, KVCache *cache, int l);

@@ -10,7 +10,7 @@
 
 #include <errno.h>
 #include <math.h>
-#if defined(__AVX__) || defined(__AVX2__)
+#if defined(__AVX__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #include <stdarg.h>
@@ -144,7 +144,16 @@ void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
     uint16_t h;
     switch (ty) {
     case KV_F32: memcpy(x, src, (size_t)head_dim * 4); break;
-    case KV_F16: for (int i = 0; i < head_dim; i++) { memcpy(&h, src + 2 * i, 2); x[i] = kv_f16_to_f32(h); } break;
+    case KV_F16: {
+        int i = 0;
+#ifdef __F16C__
+        /* vcvtph2ps: the same exact conversion as kv_f16_to_f32, 8 at a time (decode runs once per key per step) */
+        for (; i + 8 <= head_dim; i += 8)
+            _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+#endif
+        for (; i < head_dim; i++) { memcpy(&h, src + 2 * i, 2); x[i] = kv_f16_to_f32(h); }
+        break;
+    }
     case KV_BF16: for (int i = 0; i < head_dim; i++) { memcpy(&h, src + 2 * i, 2); x[i] = kv_bf16_to_f32(h); } break;
     case KV_Q8:
         for (int g0 = 0; g0 < head_dim; g0 += G, src += 2 + G) {

@@ -694,7 +694,15 @@ static const float *lane_value(const KVCache *c, const KVLane *ln, int i, float 
 #ifdef __AVX__
 /* the 8 lanes of s, folded as above, in the low 4 lanes' order: [s0+s4, s1+s5, s2+s6, s3+s7] */
 static inline __m128 fold8(__m256 s) { return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)); }
+/* the whole fold of s to one float */
+static inline float fold8_sum(__m256 s) {
+    __m128 h = fold8(s);
+    h = _mm_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
+}
 #endif
+/* the same fold in portable C */
+static inline float fold8_sum_c(const float s[8]) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
 static inline float fold_tail(const float *a, const float *b, int j, int n) {
     float tail = 0;
     for (; j < n; j++) tail += a[j] * b[j];
@@ -706,14 +714,12 @@ static inline float dot_attn(const float *a, const float *b, int n) {
 #ifdef __AVX__
     __m256 acc = _mm256_setzero_ps();
     for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)));
-    __m128 h = fold8(acc);
-    h = _mm_hadd_ps(h, h);
-    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+    sum = fold8_sum(acc);
 #else
     float s[8] = {0};
     for (; j + 8 <= n; j += 8)
         for (int k = 0; k < 8; k++) s[k] += a[j + k] * b[j + k];
-    sum = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    sum = fold8_sum_c(s);
 #endif
     return sum + fold_tail(a, b, j, n);
 }
@@ -756,24 +762,18 @@ static inline __attribute__((always_inline)) void wsum_body(float *const *o, con
         for (int i = 0; i < n; i++) {
             if (i + WSUM_AHEAD < n) __builtin_prefetch(v[i + WSUM_AHEAD] + d0);
             __m256 v0 = _mm256_loadu_ps(v[i] + d0), v1 = _mm256_loadu_ps(v[i] + d0 + 8), ph;
-            ph = _mm256_set1_ps(p[0][i]);
-            a00 = _mm256_add_ps(a00, _mm256_mul_ps(ph, v0));
-            a01 = _mm256_add_ps(a01, _mm256_mul_ps(ph, v1));
-            if (G > 1) {
-                ph = _mm256_set1_ps(p[1][i]);
-                a10 = _mm256_add_ps(a10, _mm256_mul_ps(ph, v0));
-                a11 = _mm256_add_ps(a11, _mm256_mul_ps(ph, v1));
+            /* head h's two sums: named registers (an array indexed by h spills to memory) */
+#define WSUM_HEAD(h, s0, s1)                                      \
+            if (G > h) {                                          \
+                ph = _mm256_set1_ps(p[h][i]);                     \
+                s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));    \
+                s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));    \
             }
-            if (G > 2) {
-                ph = _mm256_set1_ps(p[2][i]);
-                a20 = _mm256_add_ps(a20, _mm256_mul_ps(ph, v0));
-                a21 = _mm256_add_ps(a21, _mm256_mul_ps(ph, v1));
-            }
-            if (G > 3) {
-                ph = _mm256_set1_ps(p[3][i]);
-                a30 = _mm256_add_ps(a30, _mm256_mul_ps(ph, v0));
-                a31 = _mm256_add_ps(a31, _mm256_mul_ps(ph, v1));
-            }
+            WSUM_HEAD(0, a00, a01)
+            WSUM_HEAD(1, a10, a11)
+            WSUM_HEAD(2, a20, a21)
+            WSUM_HEAD(3, a30, a31)
+#undef WSUM_HEAD
         }
         __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
         for (int hh = 0; hh < G; hh++) {
@@ -869,14 +869,12 @@ static void softmax_inplace(float *x, int n) {
         _mm256_storeu_ps(x + i, e);
         acc = _mm256_add_ps(acc, e);
     }
-    __m128 h = fold8(acc);
-    h = _mm_hadd_ps(h, h);
-    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+    sum = fold8_sum(acc);
 #else
     float s[8] = {0};
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++) { x[i + k] = exp_neg(x[i + k] - mx); s[k] += x[i + k]; }
-    sum = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    sum = fold8_sum_c(s);
 #endif
     float tail = 0;
     for (; i < n; i++) { x[i] = exp_neg(x[i] - mx); tail += x[i]; }

@@ -357,6 +357,12 @@ set label 1 "full, f32: KL 0" at $FULL_MIB, graph 0.5 center rotate by 90 offset
 plot $(IFS=,; echo "${bplot[*]}")
 EOF
 fi
+# gnuplot's plot list for a table of position, shadow, cache A, cache B: the shadow black, A red, B blue
+three_lines() {
+    echo "'$1' using 1:2 with lines lw 2 lc rgb 'black' title 'shadow (full f32)'," \
+         "'' using 1:3 with lines lw 2 lc rgb '#d62728' title '$2'," \
+         "'' using 1:4 with lines lw 2 lc rgb '#1f77b4' title '$3'"
+}
 XMAX_C=$((8 * S))
 if have main; then
 gnuplot <<EOF
@@ -366,14 +372,10 @@ set multiplot layout 2,1 title "(c) Per-token NLL over position: a window loses 
 set xlabel 'position'; set ylabel "NLL, nats (moving avg $MA)"; set xrange [0:$N]
 set arrow 1 from $S, graph 0 to $S, graph 1 nohead dt 2 lc rgb 'red'
 set label 1 "budget $S: window evicts position 0" at $S, graph 0.95 offset 0.5,0 tc rgb 'red'
-plot '$R/c_nll_ma.tab.dat' using 1:2 with lines lw 2 lc rgb 'black' title 'shadow (full f32)', \
-     '' using 1:3 with lines lw 2 lc rgb '#d62728' title 'window:$S', \
-     '' using 1:4 with lines lw 2 lc rgb '#1f77b4' title 'sink:$S (4 sinks)'
+plot $(three_lines "$R/c_nll_ma.tab.dat" "window:$S" "sink:$S (4 sinks)")
 set xrange [0:$XMAX_C]; set ylabel 'NLL, nats (moving avg 8)'
 set label 1 "budget $S" 
-plot '$R/c_nll_ma8.tab.dat' using 1:2 with lines lw 2 lc rgb 'black' title 'shadow (full f32)', \
-     '' using 1:3 with lines lw 2 lc rgb '#d62728' title 'window:$S', \
-     '' using 1:4 with lines lw 2 lc rgb '#1f77b4' title 'sink:$S (4 sinks)'
+plot $(three_lines "$R/c_nll_ma8.tab.dat" "window:$S" "sink:$S (4 sinks)")
 unset multiplot
 EOF
 fi
@@ -408,9 +410,7 @@ set multiplot layout 2,1 title "(e) sink:$POS_B over $POS_N tokens with -c $POS_
 set xlabel 'position'; set ylabel 'NLL, nats'; set xrange [0:$POS_N]
 set arrow 1 from $POS_C, graph 0 to $POS_C, graph 1 nohead dt 2 lc rgb 'red'
 set label 1 "-c $POS_C: the shadow stops" at $POS_C, graph 0.92 offset 0.5,0 tc rgb 'red'
-plot '$R/e_pos_ma.tab.dat' using 1:2 with lines lw 2 lc rgb 'black' title 'shadow (full f32)', \
-     '' using 1:3 with lines lw 2 lc rgb '#d62728' title 'sink:$POS_B (pos=orig)', \
-     '' using 1:4 with lines lw 2 lc rgb '#1f77b4' title 'sink:$POS_B,pos=cache'
+plot $(three_lines "$R/e_pos_ma.tab.dat" "sink:$POS_B (pos=orig)" "sink:$POS_B,pos=cache")
 set ylabel 'NLL(pos=orig) - NLL(pos=cache)'; unset label 1
 plot '$R/e_pos_ma.tab.dat' using 1:(\$3 - \$4) with lines lw 2 lc rgb '#d62728' title 'difference', 0 with lines lc rgb 'black' notitle
 unset multiplot

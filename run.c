@@ -278,9 +278,6 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
  * with or without AVX2 (the portable C does the same operations in the same order). */
 #define TILE_MAX 4
 
-
-
-
 /* a·b + c: one fused multiply-add where the build has FMA (fmaf becomes the vfmadd instruction, no libm call), else a
  * multiply then an add; a build uses one or the other on all its paths. -std=c11 keeps GCC from contracting a*b+c
  * on its own, so the choice is made here only. */

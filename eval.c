@@ -544,6 +544,9 @@ void run_bench(Model *m, const Options *o) {
     int steps = o->steps_set ? (o->steps ? o->steps : 32) : 32;
     int n_pol = o->n_kv ? o->n_kv : 1;
     /* context lengths: 128, 512, 2048, ... (x4) up to -c, each leaving room for the decode steps */
+    if (ctx_max < steps + 1)
+        fatal("-m bench -c %d leaves no room for a prompt and %d decode steps: use -c %d or more (or fewer -n)", ctx_max,
+              steps, steps + 1);
     int lens[16], n_lens = 0;
     for (int L = 128; L + steps <= ctx_max && n_lens < 16; L *= 4) lens[n_lens++] = L;
     if (n_lens == 0 || lens[n_lens - 1] + steps < ctx_max) lens[n_lens++] = ctx_max - steps > 1 ? ctx_max - steps : 1;
@@ -737,6 +740,9 @@ void run_passkey(Model *m, const Options *o) {
     encode_append(m, PK_PREFIX, 0, &tmp, &nt, &cap);
     int fixed = (int)nt + 64;   /* prefix + key sentence + question + answer room */
     free(tmp);
+    if ((ctx - fixed) / per_junk < 4)   /* not even the longest length has room for the filler the depths need */
+        fatal("-m passkey -c %d is too short: the fixed text takes %d tokens and the depths need 4 fillers of %d; use "
+              "-c %d or more", ctx, fixed, per_junk, fixed + 4 * per_junk);
     uint64_t seed = o->seed_set ? o->seed : 1, rng = seed;
     Sha256 text_sha;
     sha_init(&text_sha);

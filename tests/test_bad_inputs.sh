@@ -204,6 +204,8 @@ many_f=(); for i in $(seq 65); do many_f+=(-f "$d/ids.txt"); done
 expect "65 -f files"             "too many -f files"               "$RUN" "$R" -m ppl "${many_f[@]}"
 many_kv=(); for i in $(seq 33); do many_kv+=(-kv window:8); done
 expect "33 -kv policies"         "too many -kv policies"           "$RUN" "$R" -m ppl "${many_kv[@]}"
+expect "passkey -c too short"    "is too short: the fixed text"    "$RUN" "$V" -m passkey -c 32
+expect "bench -c below -n"        "leaves no room for a prompt"     "$RUN" "$R" -m bench -c 10
 # --- bad -kv specs ---
 kv() { expect "-kv '$1'" "$2" "$RUN" "$R" -n 1 -i 1 -kv "$1"; }
 kv ""                           "empty kv spec"

@@ -85,6 +85,12 @@ say "$NPROC cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, load average $(cut -d' ' -f
 say "grid: $([ "$QUICK" = 1 ] && echo 'QUICK (REPORT_QUICK=1)' || echo full), $N tokens, budgets S=$S L=$L 10%=$B10 20%=$B20;" \
     "main ${#MAIN[@]} policies, quant ${#QUANT[@]}, pos ${#POS[@]} over $POS_N tokens (-c $POS_C), passkey ${#PK[@]} at -c $PK_C"
 
+if [ "${REPORT_PLOTS_ONLY:-0}" = 1 ] && ! ls "$R"/main.dat "$R"/calibration.dat >/dev/null 2>&1; then
+    echo "report: REPORT_PLOTS_ONLY=1 needs the data of an earlier make report in $R/ (main.dat, calibration.dat ...):" \
+         "run make report first" >&2
+    exit 1
+fi
+
 # ---- text -------------------------------------------------------------------------------------------------------
 ntok() { ./run "$MODEL" -m tokenize -f "$1" 2>/dev/null | wc -w; }
 # the longest prefix of the Debian Reference (whole lines) that tokenizes to at most $1 tokens, into $2

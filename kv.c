@@ -1,7 +1,9 @@
 /* kv.c: the KV cache (lanes of slots, storage types, the f32 residual, RoPE by position mode), its memory
  * accounting, the -kv spec parser, and kv_attend_cpu, the reference attention every other path is checked against.
  * It knows no policy: eviction decisions come through the KVPolicyOps table (kv.h, policies.c).
- * It deliberately does not batch several sequences or several query tokens: one token, one layer at a time.
+ * It deliberately does not batch several sequences: one stream per cache. Query tokens go one at a time
+ * (kv_attend_cpu), or a chunk of one stream's consecutive tokens at a time when that gives the same bits
+ * (kv_attend_chunk, for prefill and batched evaluation).
  *
  * Dimensions: n_layers, n_heads, n_kv_heads, head_dim, budget (slots per lane), R (residual slots per lane).
  * Indices: l layer, h query head, g kv head, t position, s slot, i rank in a lane's live list.
@@ -566,6 +568,7 @@ void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
     free(c->vbuf); free(c->qbuf); free(c->vptr);
+    free(c->kptr); free(c->chunk_q); free(c->chunk_p); free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->score_buf);
     memset(c, 0, sizeof *c);
 }
@@ -859,8 +862,18 @@ static inline __m256 exp_neg8(__m256 x) {
  * is 8 partial sums (sum k takes i ≡ k mod 8 below 8·⌊n/8⌋) folded as in dot_attn, plus the tail summed from 0. */
 static void softmax_inplace(float *x, int n) {
     float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     int i = 0;
+#ifdef __AVX__
+    /* maxps(a, b) is a > b ? a : b, the scalar test below, so the maximum is the same (a NaN is skipped either way;
+       which zero wins, +0 or -0, changes no x - max) */
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + i), mv);
+    float mvals[8];
+    _mm256_storeu_ps(mvals, mv);
+    for (int k = 0; k < 8; k++) mx = mvals[k] > mx ? mvals[k] : mx;
+#endif
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    i = 0;
     float sum;
 #ifdef __AVX2__
     __m256 acc = _mm256_setzero_ps(), m8 = _mm256_set1_ps(mx);
@@ -954,6 +967,308 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
         }
     }
     kv_attend_policy(c, l, t);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * A chunk of tokens through one layer (kv_attend_chunk). Token by token, step 3 reads every key and value of the
+ * layer once per token. When no slot of the layer can be freed or change while the chunk passes (chunk_room), each
+ * token's live list is known in advance: the lane's live list now, then the chunk's tokens up to itself. Step 3 then
+ * runs for all the chunk's tokens at once, reading each key and value once per chunk, with every score,
+ * probability and output computed by the same arithmetic as kv_attend_cpu (dot_attn's order, softmax_inplace,
+ * wsum_body's order), so the bits are those of token-by-token decode. Steps 1, 2 and 4 (and the caller's hook) still
+ * run token by token, in order.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* Scratch of the chunk path, bytes at most: chunks are cut so that (tokens, n_heads, budget) probabilities fit. */
+#define KV_CHUNK_SCRATCH (64u << 20)
+
+/* How many of the next tokens of layer l can attend as one chunk: every lane has room for them (no step-1
+ * eviction), the policy never frees slots at step 4 (no prune), there is no residual region (its tokens move into
+ * the typed region, which changes their bits) and attention runs on the CPU. 0 when none can. */
+static int chunk_room(const KVCache *c, int l) {
+    if (c->device || c->residual || c->policy.ops->prune) return 0;
+    int room = c->budget;
+    for (int g = 0; g < c->shape.n_kv_heads; g++) {
+        int r = c->budget - c->lanes[l * c->shape.n_kv_heads + g].n_live;
+        room = r < room ? r : room;
+    }
+    return room;
+}
+
+/* Grows the chunk buffers to n tokens. 0, or -1 when out of memory (the caller then goes token by token). */
+static int chunk_reserve(KVCache *c, int n) {
+    if (n <= c->chunk_cap) return 0;
+    const KVShape *s = &c->shape;
+    float *q = malloc((size_t)n * s->n_heads * s->head_dim * sizeof(float));
+    float *p = malloc((size_t)n * s->n_heads * c->budget * sizeof(float));
+    float *cs = malloc((size_t)n * s->head_dim * sizeof(float));
+    const float **kp = c->kptr ? c->kptr : malloc((size_t)s->n_kv_heads * c->budget * sizeof *kp);
+    if (!q || !p || !cs || !kp) { free(q); free(p); free(cs); if (kp != c->kptr) free(kp); return -1; }
+    free(c->chunk_q); free(c->chunk_p); free(c->chunk_cs);
+    c->chunk_q = q; c->chunk_p = p; c->chunk_cs = cs; c->kptr = kp;
+    c->chunk_cap = n;
+    c->chunk_cs_pos0 = -1;
+    return 0;
+}
+
+/* The f32 key a new token of the chunk will have at attention: what kv_append stores (pos=orig: rotated by its
+ * position, cs) read back as lane_key reads it (decoded; pos=cache: rotated by its rank). x: head_dim. */
+static const float *chunk_key(const KVCache *c, float *x, const float *k, int rank, const float *cs) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim;
+    memcpy(x, k, (size_t)hd * sizeof(float));
+    if (c->spec.pos == POS_ORIG) rope_apply(x, s, cs);
+    if (c->spec.ktype != KV_F32) {
+        uint8_t b[c->k_bytes];
+        kv_encode(b, c->spec.ktype, x, hd);
+        kv_decode(x, c->spec.ktype, b, hd);
+    }
+    if (c->spec.pos == POS_CACHE) rope_apply(x, s, c->rope_cs + (size_t)rank * hd);
+    return x;
+}
+
+/* The same for a new token's value: v itself (f32), or decoded from what kv_append stores into x. */
+static const float *chunk_value(const KVCache *c, float *x, const float *v) {
+    if (c->spec.vtype == KV_F32) return v;
+    uint8_t b[c->v_bytes];
+    kv_encode(b, c->spec.vtype, v, c->shape.head_dim);
+    kv_decode(x, c->spec.vtype, b, c->shape.head_dim);
+    return x;
+}
+
+/* out[r][f] = dot_attn(q[f], k[r], n) for 4 queries and 3 keys, n a multiple of 8 (no tail): dot_attn's arithmetic,
+ * with each loaded key block used by four queries (12 sums, 3 keys and a query in the 16 ymm registers). Measured
+ * faster on Zen 3 than 2 queries x 4 keys (attn_bench -chunk 64 at 1,024 tokens: 2.2-2.4 against 2.4-2.9 ms per
+ * token, interleaved runs). */
+static inline void dot_attn_4x3(float out[3][4], const float *const *q, const float *const *k, int n) {
+#ifdef __AVX__
+    __m256 z = _mm256_setzero_ps(), a[3][4] = {{z, z, z, z}, {z, z, z, z}, {z, z, z, z}};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 kv[3];
+        for (int r = 0; r < 3; r++) {
+            kv[r] = _mm256_loadu_ps(k[r] + j);
+            __asm__("" : "+x"(kv[r]));   /* kept in a register (as run.c's matmul tiles) */
+        }
+        for (int f = 0; f < 4; f++) {
+            __m256 qf = _mm256_loadu_ps(q[f] + j);
+            for (int r = 0; r < 3; r++) a[r][f] = _mm256_add_ps(a[r][f], _mm256_mul_ps(qf, kv[r]));
+        }
+    }
+    for (int r = 0; r < 3; r++) {
+        __m128 h = _mm_hadd_ps(_mm_hadd_ps(fold8(a[r][0]), fold8(a[r][1])), _mm_hadd_ps(fold8(a[r][2]), fold8(a[r][3])));
+        _mm_storeu_ps(out[r], h);
+    }
+#else
+    for (int r = 0; r < 3; r++)
+        for (int f = 0; f < 4; f++) out[r][f] = dot_attn(q[f], k[r], n);
+#endif
+}
+
+/* Four consecutive tokens' attention outputs for one query head over columns [d0, d0 + 16) of a lane: token k
+ * (k = 0..3) over value rows 0..n-1+k, with probabilities p + k·ld_p, output o + k·ld_o, each output in wsum_body's
+ * order (0 + p_0 v_0 + p_1 v_1 + ..., a multiply then an add). Each 16-column block of a value row is read once for
+ * the four tokens. */
+#ifdef __AVX__
+static void wsum_quad(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int n, int d0) {
+    const float *p0 = p, *p1 = p + ld_p, *p2 = p + 2 * ld_p, *p3 = p + 3 * ld_p;
+    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z, v0, v1, ph;
+#define WSUM_TOKEN(pk, s0, s1)                              \
+    ph = _mm256_set1_ps(pk[i]);                             \
+    s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));          \
+    s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));
+    int i = 0;
+    for (; i < n; i++) {
+        if (i + WSUM_AHEAD < n) __builtin_prefetch(v[i + WSUM_AHEAD] + d0);
+        v0 = _mm256_loadu_ps(v[i] + d0);
+        v1 = _mm256_loadu_ps(v[i] + d0 + 8);
+        WSUM_TOKEN(p0, a00, a01) WSUM_TOKEN(p1, a10, a11) WSUM_TOKEN(p2, a20, a21) WSUM_TOKEN(p3, a30, a31)
+    }
+    /* the last three rows: tokens 1-3, then 2-3, then 3 */
+    v0 = _mm256_loadu_ps(v[i] + d0);
+    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
+    WSUM_TOKEN(p1, a10, a11) WSUM_TOKEN(p2, a20, a21) WSUM_TOKEN(p3, a30, a31)
+    i++;
+    v0 = _mm256_loadu_ps(v[i] + d0);
+    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
+    WSUM_TOKEN(p2, a20, a21) WSUM_TOKEN(p3, a30, a31)
+    i++;
+    v0 = _mm256_loadu_ps(v[i] + d0);
+    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
+    WSUM_TOKEN(p3, a30, a31)
+#undef WSUM_TOKEN
+    _mm256_storeu_ps(o + d0, a00);
+    _mm256_storeu_ps(o + d0 + 8, a01);
+    _mm256_storeu_ps(o + ld_o + d0, a10);
+    _mm256_storeu_ps(o + ld_o + d0 + 8, a11);
+    _mm256_storeu_ps(o + 2 * ld_o + d0, a20);
+    _mm256_storeu_ps(o + 2 * ld_o + d0 + 8, a21);
+    _mm256_storeu_ps(o + 3 * ld_o + d0, a30);
+    _mm256_storeu_ps(o + 3 * ld_o + d0 + 8, a31);
+}
+#endif
+
+/* Step 3 for n tokens of layer l at positions pos0.. (chunk_room(c, l) ≥ n, chunk buffers reserved), then steps 1-2
+ * and 4 token by token. Phases, each split over the threads in pieces whose arithmetic does not depend on the split:
+ *   keys     per (lane, block of 64 ranks): each live key and each new key as attention will see it;
+ *   queries  per token: rotated as kv_attend_cpu rotates them;
+ *   scores   per (lane, block of 64 ranks): the block's keys against every query of the group that sees them;
+ *   softmax  per (token, query head), over the token's live list;
+ *   output   per (lane, 16 columns, half of the tokens), two tokens per pass over the values. */
+static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
+                         const float *v, KVAttnHook hook, void *hook_ctx) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, G = nh / n_kv, B = c->budget;
+    int q_dim = nh * hd, kv_dim = n_kv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    KVLane *lanes = &c->lanes[l * n_kv];
+    int n0[n_kv], max_n = 0;   /* live tokens per lane before the chunk */
+    for (int g = 0; g < n_kv; g++) {
+        n0[g] = lanes[g].n_live;
+        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
+    }
+    if (c->spec.pos == POS_ORIG && (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n)) {   /* shared by the layers */
+        for (int u = 0; u < n; u++) rope_cs(c->chunk_cs + (size_t)u * hd, s, pos0 + u);
+        c->chunk_cs_pos0 = pos0;
+        c->chunk_cs_n = n;
+    }
+    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
+    float *P = c->chunk_p;
+    size_t work = (size_t)max_n * hd * nh * n;
+    #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
+    {
+        #pragma omp for schedule(static)
+        for (int item = 0; item < n_kv * blocks; item++) {
+            int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
+            if (j1 > n0[g] + n) j1 = n0[g] + n;
+            for (int j = j0; j < j1; j++) {
+                size_t row = (size_t)g * B + j;
+                float *kx = c->kbuf + row * hd, *vx = c->vbuf + row * hd;
+                if (j < n0[g]) {
+                    c->kptr[row] = lane_key(c, &lanes[g], j, kx);
+                    c->vptr[row] = lane_value(c, &lanes[g], j, vx);
+                } else {
+                    int u = j - n0[g];
+                    c->kptr[row] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
+                                             c->chunk_cs + (size_t)u * hd);
+                    c->vptr[row] = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
+                }
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int uh = 0; uh < n * nh; uh++) {
+            int u = uh / nh, h = uh % nh;
+            float *qh = c->chunk_q + (size_t)uh * hd;
+            memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
+            if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n0[h / G] + u) * hd);
+            else rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
+        }
+        #pragma omp for schedule(static)
+        for (int item = 0; item < n_kv * blocks; item++) {
+            int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
+            if (j1 > n0[g] + n) j1 = n0[g] + n;
+            if (j1 <= j0) continue;
+            /* token u sees ranks up to n0 + u: the block's first query token, then every (token, head) after it */
+            int f0 = (j0 > n0[g] ? j0 - n0[g] : 0) * G, nf = n * G;
+            const float *const *kp = c->kptr + (size_t)g * B;
+            for (int f = f0; f < nf; f += 4) {
+                const float *qf[4];
+                size_t rows[4];
+                for (int x = 0; x < 4; x++) {
+                    int ff = f + x < nf ? f + x : nf - 1;   /* a short tile repeats the last query */
+                    rows[x] = (size_t)(ff / G) * nh + g * G + ff % G;
+                    qf[x] = c->chunk_q + rows[x] * hd;
+                }
+                for (int j = j0; j < j1; j += 3) {
+                    const float *kr[3] = {kp[j], kp[j + 1 < j1 ? j + 1 : j], kp[j + 2 < j1 ? j + 2 : j]};
+                    float d[3][4];
+                    if (hd % 8 == 0) dot_attn_4x3(d, qf, kr, hd);
+                    else
+                        for (int r = 0; r < 3; r++)
+                            for (int x = 0; x < 4; x++) d[r][x] = dot_attn(qf[x], kr[r], hd);
+                    for (int r = 0; r < 3 && j + r < j1; r++)
+                        for (int x = 0; x < 4 && f + x < nf; x++) P[rows[x] * B + j + r] = d[r][x] * scale;
+                }
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int uh = 0; uh < n * nh; uh++)
+            softmax_inplace(P + (size_t)uh * B, n0[uh % nh / G] + uh / nh + 1);
+        /* four tokens per pass where head_dim is a multiple of 16, else one */
+        int quad = hd % WSUM_COLS == 0, per = quad ? 4 : 1, n_items = (n + per - 1) / per;
+        #pragma omp for schedule(static)
+        for (int item = 0; item < n_kv * n_items; item++) {
+            int g = item / n_items, u = item % n_items * per;
+            const float *const *vp = c->vptr + (size_t)g * B;
+#ifdef __AVX__
+            if (quad && u + 3 < n) {
+                for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
+                    for (int hh = 0; hh < G; hh++) {
+                        size_t row = (size_t)u * nh + g * G + hh;
+                        wsum_quad(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, n0[g] + u + 1, d0);
+                    }
+                continue;
+            }
+#endif
+            for (int uu = u; uu < u + per && uu < n; uu++) {
+                float *oa[G];
+                const float *pa[G];
+                for (int hh = 0; hh < G; hh++) {
+                    size_t row = (size_t)uu * nh + g * G + hh;
+                    oa[hh] = out + row * hd;
+                    pa[hh] = P + row * B;
+                }
+                for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
+                    weighted_sum_group(oa, pa, vp, n0[g] + uu + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G);
+            }
+        }
+    }
+    /* steps 1-2 and 4, token by token: the stores land in free slots, and the policy sees each token's
+       probabilities in c->scores (pointed at the token's rows of P while it looks) */
+    float *scores = c->scores;
+    int rc = 0;
+    for (int u = 0; u < n && !rc; u++) {
+        if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) { rc = -1; break; }
+        for (int g = 0; g < n_kv; g++)
+            if (lanes[g].n_live != n0[g] + u + 1) {   /* chunk_room promised no eviction: a kv.c bug, not input */
+                fprintf(stderr, "kv: layer %d kv head %d holds %d tokens at position %d, %d expected\n", l, g,
+                        lanes[g].n_live, pos0 + u, n0[g] + u + 1);
+                abort();
+            }
+        c->scores = P + (size_t)u * nh * B;
+        kv_attend_policy(c, l, pos0 + u);
+        if (hook) hook(hook_ctx, l, c, pos0 + u);
+        c->scores = scores;
+    }
+    /* as after kv_attend_cpu, c->scores holds the last token's probabilities */
+    if (!rc)
+        for (int h = 0; h < nh; h++)
+            memcpy(scores + (size_t)h * B, P + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
+    return rc;
+}
+
+int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
+                    KVAttnHook hook, void *hook_ctx) {
+    const KVShape *s = &c->shape;
+    int q_dim = s->n_heads * s->head_dim, kv_dim = s->n_kv_heads * s->head_dim;
+    size_t per_token = (size_t)s->n_heads * c->budget * sizeof(float);
+    int most = per_token * 2 > KV_CHUNK_SCRATCH ? 1 : (int)(KV_CHUNK_SCRATCH / per_token);
+    for (int t = 0; t < n;) {
+        int nt = n - t, room = chunk_room(c, l);
+        nt = nt < room ? nt : room;
+        nt = nt < most ? nt : most;
+        if (nt >= 2 && !chunk_reserve(c, nt)) {
+            if (attend_static(c, out + (size_t)t * q_dim, l, pos0 + t, nt, q + (size_t)t * q_dim,
+                              k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx)) return -1;
+            t += nt;
+            continue;
+        }
+        if (kv_append(c, l, pos0 + t, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim)) return -1;
+        kv_attend_cpu(c, out + (size_t)t * q_dim, l, pos0 + t, q + (size_t)t * q_dim);
+        if (hook) hook(hook_ctx, l, c, pos0 + t);
+        t++;
+    }
+    return 0;
 }
 
 void kv_attend_policy(KVCache *c, int l, int t) {

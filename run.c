@@ -547,6 +547,8 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     int n = s->n;
     double t0;
     /* attention block: xb = RMSNorm(x); q, k, v projections (before RoPE: the cache applies it per pos mode) */
+    /* element-wise steps go over the chunk's tokens in parallel: each token's arithmetic is its own */
+    #pragma omp parallel for schedule(static) if (n >= 8)
     for (int t = 0; t < n; t++)
         rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
     t0 = now_s();
@@ -554,30 +556,37 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     matmul_n(s->k, s->xb, L->wk, kv_dim, dim, n);
     matmul_n(s->v, s->xb, L->wv, kv_dim, dim, n);
     timer_add(&s->t_matmul, t0);
-    /* per token: steps 1-2, evict if a lane is full and store k, v; steps 3-4, attend and show the policy */
-    for (int t = 0; t < n; t++) {
-        int pos = s->pos0 + t;
-        t0 = now_s();
-        if (kv_append(cache, l, pos, s->k + (size_t)t * kv_dim, s->v + (size_t)t * kv_dim)) return -1;
-        if (cache->device)   /* the device mirror (attn.cu): same steps, same policy code */
+    /* steps 1-2, evict if a lane is full and store k, v; steps 3-4, attend and show the policy: token by token in
+       order (on the CPU, kv_attend_chunk attends for many tokens at once while no slot can be freed) */
+    t0 = now_s();
+    if (!cache->device) {
+        if (kv_attend_chunk(cache, s->att, l, s->pos0, n, s->q, s->k, s->v, s->after_attn, s->hook_ctx)) return -1;
+    } else
+        for (int t = 0; t < n; t++) {   /* the device mirror (attn.cu): same steps, same policy code */
+            int pos = s->pos0 + t;
+            if (kv_append(cache, l, pos, s->k + (size_t)t * kv_dim, s->v + (size_t)t * kv_dim)) return -1;
             attn_dev_attend(cache, s->att + (size_t)t * q_dim, l, pos, s->q + (size_t)t * q_dim, s->after_attn != NULL);
-        else kv_attend_cpu(cache, s->att + (size_t)t * q_dim, l, pos, s->q + (size_t)t * q_dim);
-        timer_add(&s->t_attn, t0);
-        if (s->after_attn) s->after_attn(s->hook_ctx, l, cache, pos);
-    }
+            if (s->after_attn) s->after_attn(s->hook_ctx, l, cache, pos);
+        }
+    timer_add(&s->t_attn, t0);
     /* x += Wo · att */
     t0 = now_s();
     matmul_n(s->xb2, s->att, L->wo, dim, q_dim, n);
-    for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb2[i];
     /* SwiGLU feed-forward: x += W2 · (silu(W1 · xb) ⊙ W3 · xb), xb = RMSNorm(x) (Shazeer 2020) */
-    for (int t = 0; t < n; t++)
-        rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
+    #pragma omp parallel for schedule(static) if (n >= 8)
+    for (int t = 0; t < n; t++) {
+        float *x = s->x + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) x[i] += s->xb2[(size_t)t * dim + i];
+        rmsnorm(s->xb + (size_t)t * dim, x, L->ffn_norm, dim, c->norm_eps);
+    }
     matmul_n(s->hb, s->xb, L->w1, hid, dim, n);
     matmul_n(s->hb2, s->xb, L->w3, hid, dim, n);
-    for (size_t i = 0; i < (size_t)n * hid; i++) {
-        float g = s->hb[i];
-        s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
-    }
+    #pragma omp parallel for schedule(static) if (n >= 8)
+    for (int t = 0; t < n; t++)
+        for (size_t i = (size_t)t * hid; i < (size_t)(t + 1) * hid; i++) {
+            float g = s->hb[i];
+            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+        }
     matmul_n(s->xb, s->hb, L->w2, dim, hid, n);
     for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
     timer_add(&s->t_matmul, t0);

@@ -112,7 +112,8 @@ static void provenance_init(Provenance *pv, const Model *m, const Options *o, co
     size_t n = 0;
     for (int i = 0; i < o->argc && n + 4 < sizeof pv->cmdline; i++)
         n += (size_t)snprintf(pv->cmdline + n, sizeof pv->cmdline - n, i ? " %s" : "%s", o->argv[i]);
-    sha256_hex(m->data, m->size, pv->model_sha);
+    /* the model's digest goes only into -o records: hashing 0.5 GB takes seconds, so it is skipped without -o */
+    if (o->out) sha256_hex(m->data, m->size, pv->model_sha);
     Sha256 t = *text;
     sha_final_hex(&t, pv->text_sha);
 #ifdef _OPENMP
@@ -187,9 +188,14 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     for (int g = 0; g < G; g++) {
         const KVLane *ln = &c->lanes[l * G + g];
         double r = 0;
-        for (int i = 0; i < ln->n_live; i++) {
-            int p = ln->pos[ln->live[i]];
-            for (int hh = 0; hh < group; hh++) r += sp[(size_t)(g * group + hh) * e->ctx + p];
+        for (int hh = 0; hh < group; hh++) {   /* four sums over the ranks (i mod 4), so the adds overlap */
+            const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
+            double a[4] = {0, 0, 0, 0};
+            int i = 0;
+            for (; i + 4 <= ln->n_live; i += 4)
+                for (int x = 0; x < 4; x++) a[x] += ph[ln->pos[ln->live[i + x]]];
+            for (; i < ln->n_live; i++) a[i % 4] += ph[ln->pos[ln->live[i]]];
+            r += (a[0] + a[1]) + (a[2] + a[3]);
         }
         sum += r / group;
     }
@@ -293,6 +299,8 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
     double t_start = now_s();
     HookCtx hooks[n_runs];
     int nt_run[n_runs];
+    struct { double lse, kl; int top1; } *sc = calloc((size_t)chunk * n_runs, sizeof *sc);   /* (chunk, n_runs) */
+    if (!sc) fatal("out of memory");
     for (int k = 0; k < n_runs; k++) {
         hooks[k] = (HookCtx){e, &runs[k]};
         runs[k].s.after_attn = runs[k].is_shadow ? shadow_hook : recall_hook;
@@ -320,27 +328,40 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
                         fatal("'%s' could not store position %ld", runs[k].cache.spec.text, t0);
             for (int k = 0; k < n_runs; k++)
                 if (nt_run[k]) { forward_end((Model *)m, &runs[k].s); note_bytes(&runs[k]); }
-            /* score each token of the chunk */
+            /* each (token, run) of the chunk scored on its own, in parallel: log-sum-exp, then KL against the shadow
+               and top-1; the sums below stay in token order, so the totals do not depend on the threads */
+            #pragma omp parallel for schedule(static)
+            for (int x = 0; x < nt * n_runs; x++) {
+                int j = x / n_runs, k = x % n_runs;
+                if (j < nt_run[k]) sc[x].lse = logsumexp(runs[k].s.logits + (size_t)j * V, V);
+            }
+            #pragma omp parallel for schedule(static)
+            for (int x = 0; x < nt * n_runs; x++) {
+                int j = x / n_runs, k = x % n_runs;
+                const float *sl = runs[0].s.logits + (size_t)j * V, *lg = runs[k].s.logits + (size_t)j * V;
+                if (k == 0 || j >= nt_run[k] || t0 + j >= ctx) continue;
+                sc[x].kl = kl_div(sl, sc[j * n_runs].lse, lg, sc[x].lse, V);
+                sc[x].top1 = sample_argmax(sl, V) == sample_argmax(lg, V);
+            }
             for (int j = 0; j < nt; j++, done++) {
                 long t = t0 + j;
                 int next = tok[t + 1], in_span = t < ctx;
-                const float *sl = runs[0].s.logits + (size_t)j * V;   /* the shadow is runs[0] */
-                double shadow_lse = 0, shadow_nll = 0;
+                double shadow_nll = 0;
                 for (int k = 0; k < n_runs; k++) {
                     PolicyRun *r = &runs[k];
                     r->cur_nll = NAN;
                     if (j >= nt_run[k]) continue;
                     const float *lg = r->s.logits + (size_t)j * V;
-                    double lse = logsumexp(lg, V), nll = lse - lg[next];
+                    double lse = sc[j * n_runs + k].lse, nll = lse - lg[next];
                     r->cur_nll = nll;
                     r->all.nll += nll; r->all.n++;
-                    if (r->is_shadow) { shadow_lse = lse; shadow_nll = nll; continue; }
+                    if (r->is_shadow) { shadow_nll = nll; continue; }
                     if (in_span) {
                         r->span.nll += nll; r->span.n++;
-                        double kl = kl_div(sl, shadow_lse, lg, lse, V);
+                        double kl = sc[j * n_runs + k].kl;
                         r->cur_kl = kl;
                         r->kl += kl;
-                        r->top1 += sample_argmax(sl, V) == sample_argmax(lg, V);
+                        r->top1 += sc[j * n_runs + k].top1;
                         r->dp += exp(-nll) - exp(-shadow_nll);
                         r->dnll += nll - shadow_nll;
                     }
@@ -362,6 +383,7 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
             progress(t_start, done, total, "ppl:");
         }
     }
+    free(sc);
 }
 
 /* llama-perplexity's method (examples/perplexity, commit c392e50): the stream is cut into n_ctx-token chunks

@@ -568,7 +568,7 @@ void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
     free(c->vbuf); free(c->qbuf); free(c->vptr);
-    free(c->kptr); free(c->chunk_q); free(c->chunk_p); free(c->chunk_cs);
+    free(c->kptr); free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->score_buf);
     memset(c, 0, sizeof *c);
 }
@@ -995,17 +995,40 @@ static int chunk_room(const KVCache *c, int l) {
     return room;
 }
 
-/* Grows the chunk buffers to n tokens. 0, or -1 when out of memory (the caller then goes token by token). */
+/* The big chunk scratch, shared by every cache of the process (caches attend one after another: eval runs its
+ * policies layer by layer in turn): rotated queries (tokens, n_heads, head_dim) and scores, then probabilities
+ * (tokens, n_heads, budget). Grown when a larger chunk arrives, kept for the process (no per-chunk allocation). */
+static struct {
+    float *q, *p;
+    size_t q_cap, p_cap;   /* floats */
+} chunk_scratch;
+
+/* Grows the chunk buffers to n tokens of this cache. 0, or -1 when out of memory (the caller then goes token by
+ * token). */
 static int chunk_reserve(KVCache *c, int n) {
-    if (n <= c->chunk_cap) return 0;
     const KVShape *s = &c->shape;
-    float *q = malloc((size_t)n * s->n_heads * s->head_dim * sizeof(float));
-    float *p = malloc((size_t)n * s->n_heads * c->budget * sizeof(float));
+    size_t nq = (size_t)n * s->n_heads * s->head_dim, np = (size_t)n * s->n_heads * c->budget;
+    if (nq > chunk_scratch.q_cap) {
+        float *q = malloc(nq * sizeof(float));
+        if (!q) return -1;
+        free(chunk_scratch.q);
+        chunk_scratch.q = q;
+        chunk_scratch.q_cap = nq;
+    }
+    if (np > chunk_scratch.p_cap) {
+        float *p = malloc(np * sizeof(float));
+        if (!p) return -1;
+        free(chunk_scratch.p);
+        chunk_scratch.p = p;
+        chunk_scratch.p_cap = np;
+    }
+    if (n <= c->chunk_cap) return 0;
     float *cs = malloc((size_t)n * s->head_dim * sizeof(float));
     const float **kp = c->kptr ? c->kptr : malloc((size_t)s->n_kv_heads * c->budget * sizeof *kp);
-    if (!q || !p || !cs || !kp) { free(q); free(p); free(cs); if (kp != c->kptr) free(kp); return -1; }
-    free(c->chunk_q); free(c->chunk_p); free(c->chunk_cs);
-    c->chunk_q = q; c->chunk_p = p; c->chunk_cs = cs; c->kptr = kp;
+    if (!cs || !kp) { free(cs); if (kp != c->kptr) free(kp); return -1; }
+    free(c->chunk_cs);
+    c->chunk_cs = cs;
+    c->kptr = kp;
     c->chunk_cap = n;
     c->chunk_cs_pos0 = -1;
     return 0;
@@ -1108,13 +1131,38 @@ static void wsum_quad(float *o, size_t ld_o, const float *p, size_t ld_p, const 
 }
 #endif
 
-/* Step 3 for n tokens of layer l at positions pos0.. (chunk_room(c, l) ≥ n, chunk buffers reserved), then steps 1-2
- * and 4 token by token. Phases, each split over the threads in pieces whose arithmetic does not depend on the split:
+/* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:
+ * chunk_room), and the policy and the hook see each token's probabilities in c->scores, pointed at the token's rows of
+ * P while they look. It reads and writes nothing the output phase uses, so the two run at the same time. */
+static int chunk_steps_124(KVCache *c, const float *P, int l, int pos0, int n, const int *n0, const float *k,
+                           const float *v, KVAttnHook hook, void *hook_ctx) {
+    int n_kv = c->shape.n_kv_heads, nh = c->shape.n_heads, B = c->budget, kv_dim = n_kv * c->shape.head_dim;
+    KVLane *lanes = &c->lanes[l * n_kv];
+    float *scores = c->scores;
+    for (int u = 0; u < n; u++) {
+        if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) return -1;
+        for (int g = 0; g < n_kv; g++)
+            if (lanes[g].n_live != n0[g] + u + 1) {   /* chunk_room promised no eviction: a kv.c bug, not input */
+                fprintf(stderr, "kv: layer %d kv head %d holds %d tokens at position %d, %d expected\n", l, g,
+                        lanes[g].n_live, pos0 + u, n0[g] + u + 1);
+                abort();
+            }
+        c->scores = (float *)P + (size_t)u * nh * B;
+        kv_attend_policy(c, l, pos0 + u);
+        if (hook) hook(hook_ctx, l, c, pos0 + u);
+        c->scores = scores;
+    }
+    return 0;
+}
+
+/* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_room(c, l) ≥ n, chunk buffers reserved). Phases, each
+ * split over the threads in pieces whose arithmetic does not depend on the split:
  *   keys     per (lane, block of 64 ranks): each live key and each new key as attention will see it;
- *   queries  per token: rotated as kv_attend_cpu rotates them;
+ *   queries  per (token, query head): rotated as kv_attend_cpu rotates them;
  *   scores   per (lane, block of 64 ranks): the block's keys against every query of the group that sees them;
  *   softmax  per (token, query head), over the token's live list;
- *   output   per (lane, 16 columns, half of the tokens), two tokens per pass over the values. */
+ *   then, at the same time: steps 1-2 and 4 token by token on one thread (chunk_steps_124), and the outputs per
+ *   (lane, four tokens), each 16-column block of a value row read once for the four. */
 static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
                          const float *v, KVAttnHook hook, void *hook_ctx) {
     const KVShape *s = &c->shape;
@@ -1133,8 +1181,10 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         c->chunk_cs_n = n;
     }
     int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
-    float *P = c->chunk_p;
+    float *P = chunk_scratch.p, *Q = chunk_scratch.q;
     size_t work = (size_t)max_n * hd * nh * n;
+    int rc = 0;
+    float *scores = c->scores;
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
     {
         #pragma omp for schedule(static)
@@ -1158,7 +1208,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         #pragma omp for schedule(static)
         for (int uh = 0; uh < n * nh; uh++) {
             int u = uh / nh, h = uh % nh;
-            float *qh = c->chunk_q + (size_t)uh * hd;
+            float *qh = Q + (size_t)uh * hd;
             memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
             if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n0[h / G] + u) * hd);
             else rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
@@ -1177,7 +1227,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                 for (int x = 0; x < 4; x++) {
                     int ff = f + x < nf ? f + x : nf - 1;   /* a short tile repeats the last query */
                     rows[x] = (size_t)(ff / G) * nh + g * G + ff % G;
-                    qf[x] = c->chunk_q + rows[x] * hd;
+                    qf[x] = Q + rows[x] * hd;
                 }
                 for (int j = j0; j < j1; j += 3) {
                     const float *kr[3] = {kp[j], kp[j + 1 < j1 ? j + 1 : j], kp[j + 2 < j1 ? j + 2 : j]};
@@ -1194,9 +1244,12 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         #pragma omp for schedule(static)
         for (int uh = 0; uh < n * nh; uh++)
             softmax_inplace(P + (size_t)uh * B, n0[uh % nh / G] + uh / nh + 1);
+        /* steps 1-2 and 4 on one thread while the others start on the outputs (dynamic: it joins them after) */
+        #pragma omp single nowait
+        rc = chunk_steps_124(c, P, l, pos0, n, n0, k, v, hook, hook_ctx);
         /* four tokens per pass where head_dim is a multiple of 16, else one */
         int quad = hd % WSUM_COLS == 0, per = quad ? 4 : 1, n_items = (n + per - 1) / per;
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic)
         for (int item = 0; item < n_kv * n_items; item++) {
             int g = item / n_items, u = item % n_items * per;
             const float *const *vp = c->vptr + (size_t)g * B;
@@ -1222,23 +1275,6 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                     weighted_sum_group(oa, pa, vp, n0[g] + uu + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G);
             }
         }
-    }
-    /* steps 1-2 and 4, token by token: the stores land in free slots, and the policy sees each token's
-       probabilities in c->scores (pointed at the token's rows of P while it looks) */
-    float *scores = c->scores;
-    int rc = 0;
-    for (int u = 0; u < n && !rc; u++) {
-        if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) { rc = -1; break; }
-        for (int g = 0; g < n_kv; g++)
-            if (lanes[g].n_live != n0[g] + u + 1) {   /* chunk_room promised no eviction: a kv.c bug, not input */
-                fprintf(stderr, "kv: layer %d kv head %d holds %d tokens at position %d, %d expected\n", l, g,
-                        lanes[g].n_live, pos0 + u, n0[g] + u + 1);
-                abort();
-            }
-        c->scores = P + (size_t)u * nh * B;
-        kv_attend_policy(c, l, pos0 + u);
-        if (hook) hook(hook_ctx, l, c, pos0 + u);
-        c->scores = scores;
     }
     /* as after kv_attend_cpu, c->scores holds the last token's probabilities */
     if (!rc)

@@ -226,10 +226,8 @@ struct KVCache {
     float *vbuf;             /* (n_kv_heads, budget, head_dim) dequantized values */
     const float **vptr;      /* (n_kv_heads, budget) each live value's f32 row: in the cache or in vbuf */
     float *qbuf;             /* (n_heads, head_dim) rotated queries */
-    /* scratch of kv_attend_chunk, grown to the largest chunk seen */
+    /* scratch of kv_attend_chunk, grown to the largest chunk seen (its large buffers are shared by all caches, kv.c) */
     const float **kptr;      /* (n_kv_heads, budget) each key's f32 row as attention sees it */
-    float *chunk_q;          /* (chunk, n_heads, head_dim) rotated queries */
-    float *chunk_p;          /* (chunk, n_heads, budget) scores, then probabilities, per token and query head */
     float *chunk_cs;         /* (chunk, head_dim/2, 2) cos, sin of positions chunk_cs_pos0.. (pos=orig) */
     int chunk_cap, chunk_cs_pos0, chunk_cs_n;
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
@@ -270,13 +268,14 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * in parallel under OpenMP; each output is computed by one thread, so any thread count gives the same bits. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q);
 /* Called after step 4 of each token (eval's shadow and recall bookkeeping): c->scores holds that token's
- * probabilities, as after kv_attend_cpu. */
+ * probabilities for the lane's n_live ranks, as after kv_attend_cpu (what lies past n_live is undefined). */
 typedef void (*KVAttnHook)(void *ctx, int l, const KVCache *c, int pos);
 /* Steps 1-4 for n consecutive tokens of layer l at positions pos0..pos0+n-1, in order, with hook (may be NULL) after
  * each token's step 4: the same bits as kv_append + kv_attend_cpu + hook token by token, for any n and thread count.
  * q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads * head_dim), before RoPE. While no slot of the layer can be
  * freed (every lane has room, no prune, no residual region, CPU attention) step 3 runs for the whole chunk at once,
- * reading each key and value once per chunk instead of once per token. Returns 0, or -1 as kv_append. */
+ * reading each key and value once per chunk instead of once per token. Not reentrant: its large scratch is shared by
+ * every cache of the process (call it for one cache at a time). Returns 0, or -1 as kv_append. */
 int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
                     KVAttnHook hook, void *hook_ctx);
 /* Step 4 alone: show the policy the probabilities in c->scores (per query head, rank order, as kv_attend_cpu leaves

@@ -505,13 +505,22 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
         } else
         for (int p = tid * per; p < i_end; p += panel) {
             int p_end = i_end < p + panel ? i_end : p + panel;
+            /* the next panel comes from memory while this one is swept: a few of its lines are asked for into L2
+               after each tile, spread over the sweep (the first sweep of a panel otherwise waits on DRAM) */
+            const char *next = (const char *)W.data + (size_t)p_end * row_bytes;
+            size_t next_bytes = (size_t)((i_end < p_end + panel ? i_end : p_end + panel) - p_end) * row_bytes;
+            size_t tiles = (size_t)((n + tt - 1) / tt) * ((p_end - p + tr - 1) / tr), ahead = 0;
+            size_t per_tile = (next_bytes / 64 + tiles - 1) / tiles * 64;
             for (int t = 0; t < n; t += tt) {
                 int nt = n - t < tt ? n - t : tt;
-                for (int i = p; i < p_end; i += tr)
+                for (int i = p; i < p_end; i += tr) {
                     matmul_tile(out + (size_t)t * rows + i, rows, 1, (const uint8_t *)W.data + (size_t)i * row_bytes,
                                 x + (size_t)t * cols, q8 ? act_q8.q + (size_t)t * cols : NULL,
                                 q8 ? act_q8.d + (size_t)t * (cols / Q8_GROUP) : NULL, q8,
                                 p_end - i < tr ? p_end - i : tr, nt, cols);
+                    for (size_t b = 0; b < per_tile && ahead < next_bytes; b += 64, ahead += 64)
+                        __builtin_prefetch(next + ahead, 0, 2);
+                }
             }
         }
     }

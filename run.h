@@ -88,7 +88,7 @@ typedef struct {
     float *logits;  /* (n_max, vocab_size) */
     float *mem;
     int n_max, n, pos0;
-    double t_matmul, t_attn;   /* seconds spent, accumulated over calls */
+    double t_matmul, t_attn;   /* seconds spent, accumulated over calls (t_attn: steps 1-4 and after_attn) */
     /* Called after layer l attended at position pos (the evaluation reads attention probabilities here); NULL = none */
     void (*after_attn)(void *ctx, int l, const KVCache *cache, int pos);
     void *hook_ctx;

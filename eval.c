@@ -191,13 +191,23 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     for (int g = 0; g < G; g++) {
         const KVLane *ln = &c->lanes[l * G + g];
         double r = 0;
+        int n = ln->n_live, p0 = n ? ln->pos[ln->live[0]] : 0;
+        /* positions increase along the list: a lane holding one unbroken range (full, window, any cache still
+           filling) is summed straight from the row, with the same four sums as the general gather */
+        int range = n && ln->pos[ln->live[n - 1]] - p0 == n - 1;
         for (int hh = 0; hh < group; hh++) {   /* four sums over the ranks (i mod 4), so the adds overlap */
             const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
             double a[4] = {0, 0, 0, 0};
             int i = 0;
-            for (; i + 4 <= ln->n_live; i += 4)
-                for (int x = 0; x < 4; x++) a[x] += ph[ln->pos[ln->live[i + x]]];
-            for (; i < ln->n_live; i++) a[i % 4] += ph[ln->pos[ln->live[i]]];
+            if (range) {
+                for (; i + 4 <= n; i += 4)
+                    for (int x = 0; x < 4; x++) a[x] += ph[p0 + i + x];
+                for (; i < n; i++) a[i % 4] += ph[p0 + i];
+            } else {
+                for (; i + 4 <= n; i += 4)
+                    for (int x = 0; x < 4; x++) a[x] += ph[ln->pos[ln->live[i + x]]];
+                for (; i < n; i++) a[i % 4] += ph[ln->pos[ln->live[i]]];
+            }
             r += (a[0] + a[1]) + (a[2] + a[3]);
         }
         sum += r / group;

@@ -1003,25 +1003,24 @@ static struct {
     size_t q_cap, p_cap;   /* floats */
 } chunk_scratch;
 
+/* *buf to at least n floats (contents not kept). 0, or -1 when out of memory (*buf unchanged). */
+static int grow_floats(float **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return 0;
+    float *b = malloc(n * sizeof(float));
+    if (!b) return -1;
+    free(*buf);
+    *buf = b;
+    *cap = n;
+    return 0;
+}
+
 /* Grows the chunk buffers to n tokens of this cache. 0, or -1 when out of memory (the caller then goes token by
  * token). */
 static int chunk_reserve(KVCache *c, int n) {
     const KVShape *s = &c->shape;
     size_t nq = (size_t)n * s->n_heads * s->head_dim, np = (size_t)n * s->n_heads * c->budget;
-    if (nq > chunk_scratch.q_cap) {
-        float *q = malloc(nq * sizeof(float));
-        if (!q) return -1;
-        free(chunk_scratch.q);
-        chunk_scratch.q = q;
-        chunk_scratch.q_cap = nq;
-    }
-    if (np > chunk_scratch.p_cap) {
-        float *p = malloc(np * sizeof(float));
-        if (!p) return -1;
-        free(chunk_scratch.p);
-        chunk_scratch.p = p;
-        chunk_scratch.p_cap = np;
-    }
+    if (grow_floats(&chunk_scratch.q, &chunk_scratch.q_cap, nq) || grow_floats(&chunk_scratch.p, &chunk_scratch.p_cap, np))
+        return -1;
     if (n <= c->chunk_cap) return 0;
     float *cs = malloc((size_t)n * s->head_dim * sizeof(float));
     const float **kp = c->kptr ? c->kptr : malloc((size_t)s->n_kv_heads * c->budget * sizeof *kp);

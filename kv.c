@@ -573,8 +573,11 @@ void kv_cache_free(KVCache *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* cos, sin of position t (head_dim/2, 2), computed once per step for every layer, key and query. */
+/* cos, sin of position t (head_dim/2, 2), computed once per step for every layer, key and query; a position of the
+ * chunk kv_attend_chunk last tabled comes from that table (a chunk's layers visit its positions in turn). */
 static const float *rope_at(KVCache *c, int t) {
+    if (t >= c->chunk_cs_pos0 && t < c->chunk_cs_pos0 + c->chunk_cs_n)
+        return c->chunk_cs + (size_t)(t - c->chunk_cs_pos0) * c->shape.head_dim;
     if (c->rope_t_pos != t) { rope_cs(c->rope_t, &c->shape, t); c->rope_t_pos = t; }
     return c->rope_t;
 }
@@ -1029,7 +1032,7 @@ static int chunk_reserve(KVCache *c, int n) {
     c->chunk_cs = cs;
     c->kptr = kp;
     c->chunk_cap = n;
-    c->chunk_cs_pos0 = -1;
+    c->chunk_cs_n = 0;   /* the new table holds no position yet */
     return 0;
 }
 
@@ -1156,9 +1159,9 @@ static int chunk_steps_124(KVCache *c, const float *P, int l, int pos0, int n, c
 
 /* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_room(c, l) ≥ n, chunk buffers reserved). Phases, each
  * split over the threads in pieces whose arithmetic does not depend on the split:
- *   keys     per (lane, block of 64 ranks): each live key and each new key as attention will see it;
  *   queries  per (token, query head): rotated as kv_attend_cpu rotates them;
- *   scores   per (lane, block of 64 ranks): the block's keys against every query of the group that sees them;
+ *   scores   per (lane, block of 64 ranks): the block's keys (live and new) and values made ready as attention sees
+ *            them, then the keys against every query of the group that sees them;
  *   softmax  per (token, query head), over the token's live list;
  *   then, at the same time: steps 1-2 and 4 token by token on one thread (chunk_steps_124), and the outputs per
  *   (lane, four tokens), each 16-column block of a value row read once for the four. */
@@ -1187,9 +1190,19 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
     {
         #pragma omp for schedule(static)
+        for (int uh = 0; uh < n * nh; uh++) {
+            int u = uh / nh, h = uh % nh;
+            float *qh = Q + (size_t)uh * hd;
+            memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
+            if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n0[h / G] + u) * hd);
+            else rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
+        }
+        #pragma omp for schedule(static)
         for (int item = 0; item < n_kv * blocks; item++) {
             int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
             if (j1 > n0[g] + n) j1 = n0[g] + n;
+            if (j1 <= j0) continue;
+            /* the block's keys and values as attention sees them: the lane's live ones, then the chunk's new ones */
             for (int j = j0; j < j1; j++) {
                 size_t row = (size_t)g * B + j;
                 float *kx = c->kbuf + row * hd, *vx = c->vbuf + row * hd;
@@ -1203,20 +1216,6 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                     c->vptr[row] = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
                 }
             }
-        }
-        #pragma omp for schedule(static)
-        for (int uh = 0; uh < n * nh; uh++) {
-            int u = uh / nh, h = uh % nh;
-            float *qh = Q + (size_t)uh * hd;
-            memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
-            if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n0[h / G] + u) * hd);
-            else rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
-        }
-        #pragma omp for schedule(static)
-        for (int item = 0; item < n_kv * blocks; item++) {
-            int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
-            if (j1 > n0[g] + n) j1 = n0[g] + n;
-            if (j1 <= j0) continue;
             /* token u sees ranks up to n0 + u: the block's first query token, then every (token, head) after it */
             int f0 = (j0 > n0[g] ? j0 - n0[g] : 0) * G, nf = n * G;
             const float *const *kp = c->kptr + (size_t)g * B;

@@ -384,7 +384,7 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
     double t_start = now_s();
     HookCtx hooks[n_runs];
     int nt_run[n_runs];
-    struct { double lse, kl; int top1; } *sc = calloc((size_t)chunk * n_runs, sizeof *sc);   /* (chunk, n_runs) */
+    struct { double lse, kl; int top; } *sc = calloc((size_t)chunk * n_runs, sizeof *sc);   /* (chunk, n_runs) */
     if (!sc) fatal("out of memory");
     for (int k = 0; k < n_runs; k++) {
         hooks[k] = (HookCtx){e, &runs[k]};
@@ -413,20 +413,21 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
                         fatal("'%s' could not store position %ld", runs[k].cache.spec.text, t0);
             for (int k = 0; k < n_runs; k++)
                 if (nt_run[k]) { forward_end((Model *)m, &runs[k].s); note_bytes(&runs[k]); }
-            /* each (token, run) of the chunk scored on its own, in parallel: log-sum-exp, then KL against the shadow
-               and top-1; the sums below stay in token order, so the totals do not depend on the threads */
+            /* each (token, run) of the chunk scored on its own, in parallel: log-sum-exp and argmax, then KL against
+               the shadow; the sums below stay in token order, so the totals do not depend on the threads */
             #pragma omp parallel for schedule(static)
             for (int x = 0; x < nt * n_runs; x++) {
                 int j = x / n_runs, k = x % n_runs;
-                if (j < nt_run[k]) sc[x].lse = logsumexp(runs[k].s.logits + (size_t)j * V, V);
+                if (j >= nt_run[k]) continue;
+                sc[x].lse = logsumexp(runs[k].s.logits + (size_t)j * V, V);
+                sc[x].top = sample_argmax(runs[k].s.logits + (size_t)j * V, V);
             }
             #pragma omp parallel for schedule(static)
             for (int x = 0; x < nt * n_runs; x++) {
                 int j = x / n_runs, k = x % n_runs;
-                const float *sl = runs[0].s.logits + (size_t)j * V, *lg = runs[k].s.logits + (size_t)j * V;
                 if (k == 0 || j >= nt_run[k] || t0 + j >= ctx) continue;
-                sc[x].kl = kl_div(sl, sc[j * n_runs].lse, lg, sc[x].lse, V);
-                sc[x].top1 = sample_argmax(sl, V) == sample_argmax(lg, V);
+                sc[x].kl = kl_div(runs[0].s.logits + (size_t)j * V, sc[j * n_runs].lse, runs[k].s.logits + (size_t)j * V,
+                                  sc[x].lse, V);
             }
             for (int j = 0; j < nt; j++, done++) {
                 long t = t0 + j;
@@ -446,7 +447,7 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
                         double kl = sc[j * n_runs + k].kl;
                         r->cur_kl = kl;
                         r->kl += kl;
-                        r->top1 += sc[j * n_runs + k].top1;
+                        r->top1 += sc[j * n_runs + k].top == sc[j * n_runs].top;
                         r->dp += exp(-nll) - exp(-shadow_nll);
                         r->dnll += nll - shadow_nll;
                     }

@@ -457,8 +457,7 @@ static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, c
  * range of rows (whole tiles, so each streams its part of W once per panel pass), cut into panels that stay in L2;
  * a panel is swept once per block of tokens by tiles of rows × tokens. Decode (n = 1) reads DECODE_STREAMS rows
  * per tile, each from its own contiguous stretch of the thread's rows. For q8 weights every x_t is quantized once
- * (groups of 32, f32 scale, quant.h), before
- * the rows. */
+ * (groups of 32, f32 scale, quant.h), before the rows. */
 void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
     int q8 = W.type == WTYPE_Q8;
     if (q8) {
@@ -537,8 +536,9 @@ static void timer_add(double *acc, double t0) { if (acc) *acc += now_s() - t0; }
 
 /* The forward pass in three parts, so a teacher-forced stream can run a chunk of n tokens layer by layer (every
  * policy today is layer-local: its decisions at layer l depend only on layer l's attention). Matmuls are batched over
- * the chunk; attention and the policy step token by token inside the layer, in position order, so the result is
- * bit-identical to decoding the tokens one at a time. forward() is the n = 1 case. A policy that declares
+ * the chunk; eviction, storing and the policy step token by token inside the layer, in position order, and attention
+ * goes a chunk at a time only while that gives the same bits (kv_attend_chunk), so the result is bit-identical to
+ * decoding the tokens one at a time. forward() is the n = 1 case. A policy that declares
  * cross_layer (kv.h) makes forward_chunk go token by token. */
 
 void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0) {

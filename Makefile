@@ -105,7 +105,7 @@ fuzz: all
 	tools/fuzz.sh -t $(FUZZ_SECONDS)
 
 # Tools (not part of ./run): build/bw, the read bandwidth; build/kl_models, KL and perplexity of two model files on one
-# token stream; build/attn_bench, kv_attend_cpu alone on SmolLM2's attention shape. `make bench` runs tools/bench.sh (SmolLM2 decode f32/q8 against the bandwidth limit, batched ppl).
+# token stream; build/attn_bench, the CPU attention alone on SmolLM2's attention shape (kv_attend_cpu, or kv_attend_chunk with -chunk). `make bench` runs tools/bench.sh (SmolLM2 decode f32/q8 against the bandwidth limit, batched ppl).
 .PHONY: tools
 tools: $(BUILD)/bw $(BUILD)/kl_models $(BUILD)/attn_bench
 $(BUILD)/bw: tools/bw.c | $(BUILD)

@@ -427,6 +427,10 @@ static size_t token_bytes(const KVCache *c, int f32_region) {
            + slot_meta_bytes(c->meta_bytes);
 }
 
+/* Keys per work item of attention's score phase (kv_attend_cpu, kv_attend_chunk): small enough to balance the lanes
+ * over the threads, large enough that an item's cost dwarfs handing it out. */
+#define KV_KEY_BLOCK 64
+
 /* ---------------------------------------------------------------------------------------------------------------
  * The cache
  * ------------------------------------------------------------------------------------------------------------- */
@@ -509,6 +513,8 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->kbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
+    size_t kt_bytes = (size_t)shape->n_kv_heads * ((B + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK) * hd * sizeof(float);
+    c->ktbuf = aligned_alloc(64, (kt_bytes + 63) / 64 * 64);   /* panels are read with aligned loads */
     c->vbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
     c->qbuf = calloc((size_t)shape->n_heads * hd, sizeof(float));
     c->vptr = calloc((size_t)shape->n_kv_heads * B, sizeof(float *));
@@ -517,7 +523,7 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
     c->rope_t = calloc((size_t)hd, sizeof(float));
     c->rope_t_pos = -1;
-    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->vbuf || !c->qbuf || !c->vptr
+    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->ktbuf || !c->vbuf || !c->qbuf || !c->vptr
         || !c->victim_buf || !c->score_buf
         || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
         size_t want = c->arena_bytes;
@@ -566,7 +572,7 @@ void kv_cache_reset(KVCache *c) {
 
 void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
-    free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
+    free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf); free(c->ktbuf);
     free(c->vbuf); free(c->qbuf); free(c->vptr);
     free(c->kptr); free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->score_buf);
@@ -693,64 +699,119 @@ static const float *lane_value(const KVCache *c, const KVLane *ln, int i, float 
     return x;
 }
 
-/* Dot products for attention scores, Σ_j a[j]·b[j], always in this order, with or without AVX: 8 partial sums s_k
- * (s_k takes j ≡ k mod 8 for j below 8·⌊n/8⌋, in increasing j, each a multiply then an add), folded as
- * ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)) (the order of a vector reduction with hadd), plus the tail summed from 0.
- * One order for every score, so a score's bits never depend on the thread count or on how the work is split. */
+/* Attention scores. A score is q·k summed in increasing d, 0 + q_0·k_0 + q_1·k_1 + ..., each term a multiply then an
+ * add (no fused multiply-add), then times 1/√head_dim: the naive loop's order, with or without AVX, so a score's bits
+ * never depend on the build, the thread count or how the work is split. The vector code keeps that order without a
+ * horizontal sum: a block of up to KV_KEY_BLOCK keys is first laid out dimension-major in panels of KT_PANEL keys
+ * (keys_pack), so the sums of 8 keys advance side by side in one register, one dimension at a time
+ * (scores_panel). */
+#define KT_PANEL 16       /* keys per panel: two registers of sums per query */
+
+/* kt = the nk keys kp[0..nk) in panels: panel p holds keys 16p..16p+15 as (head_dim, 16), kt[p·16·hd + d·16 + i] =
+ * kp[16p + i][d]; a last short panel is filled up with copies of its first key (scored, never stored). nk ≤
+ * KV_KEY_BLOCK; kt: round_up(nk, 16)·hd floats, 32-byte aligned. */
+static void keys_pack(float *kt, const float *const *kp, int nk, int hd) {
+    for (int p = 0; p < nk; p += KT_PANEL) {
+        float *dst = kt + (size_t)p * hd;
+        const float *k[KT_PANEL];
+        for (int i = 0; i < KT_PANEL; i++) k[i] = kp[p + (p + i < nk ? i : 0)];
+        int d = 0;
 #ifdef __AVX__
-/* the 8 lanes of s, folded as above, in the low 4 lanes' order: [s0+s4, s1+s5, s2+s6, s3+s7] */
-static inline __m128 fold8(__m256 s) { return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)); }
-/* the whole fold of s to one float */
-static inline float fold8_sum(__m256 s) {
-    __m128 h = fold8(s);
-    h = _mm_hadd_ps(h, h);
-    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
-}
+        /* 8 keys x 8 dimensions at a time: an 8 x 8 transpose in registers */
+        for (; d + 8 <= hd; d += 8)
+            for (int h = 0; h < KT_PANEL; h += 8) {
+                __m256 r[8], t[8];
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k[h + i] + d);
+                for (int i = 0; i < 8; i += 2) {
+                    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);       /* k_i d0, k_i+1 d0, k_i d1, k_i+1 d1 | d4.. */
+                    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);   /* d2, d3 | d6, d7 */
+                }
+                for (int i = 0; i < 8; i += 4)
+                    for (int j = 0; j < 2; j++) {
+                        r[i + 2 * j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);       /* 4 keys at d0 | d4 */
+                        r[i + 2 * j + 1] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);   /* d1 | d5 */
+                    }
+                /* r[0..3]: keys 0-3 at d0, d1, d2, d3 (low) and d4..d7 (high); r[4..7]: keys 4-7 */
+                for (int i = 0; i < 4; i++) {
+                    _mm256_storeu_ps(dst + (size_t)(d + i) * KT_PANEL + h, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                    _mm256_storeu_ps(dst + (size_t)(d + i + 4) * KT_PANEL + h, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+                }
+            }
 #endif
-/* the same fold in portable C */
-static inline float fold8_sum_c(const float s[8]) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
-static inline float fold_tail(const float *a, const float *b, int j, int n) {
-    float tail = 0;
-    for (; j < n; j++) tail += a[j] * b[j];
-    return tail;
-}
-static inline float dot_attn(const float *a, const float *b, int n) {
-    int j = 0;
-    float sum;
-#ifdef __AVX__
-    __m256 acc = _mm256_setzero_ps();
-    for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)));
-    sum = fold8_sum(acc);
-#else
-    float s[8] = {0};
-    for (; j + 8 <= n; j += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[j + k] * b[j + k];
-    sum = fold8_sum_c(s);
-#endif
-    return sum + fold_tail(a, b, j, n);
+        for (; d < hd; d++)
+            for (int i = 0; i < KT_PANEL; i++) dst[(size_t)d * KT_PANEL + i] = k[i][d];
+    }
 }
 
-/* out[r] = dot_attn(q, k[r], n) for four keys: the same arithmetic, four independent chains so the adds' latency is
- * hidden, and the four folds done together with hadd. */
-static inline void dot_attn4(float *out, const float *q, const float *const *k, int n) {
+/* out[f][i] = scale·(q[f]·key i) for NQ ≤ 4 queries and the m ≤ 16 keys of one panel kt (keys_pack's layout). */
+static inline __attribute__((always_inline)) void scores_panel_n(float *const *out, const float *const *q,
+                                                                 const float *kt, int m, int hd, float scale,
+                                                                 int NQ) {
+    float s[4][KT_PANEL];
 #ifdef __AVX__
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 qj = _mm256_loadu_ps(q + j);
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(qj, _mm256_loadu_ps(k[0] + j)));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(qj, _mm256_loadu_ps(k[1] + j)));
-        a2 = _mm256_add_ps(a2, _mm256_mul_ps(qj, _mm256_loadu_ps(k[2] + j)));
-        a3 = _mm256_add_ps(a3, _mm256_mul_ps(qj, _mm256_loadu_ps(k[3] + j)));
+    /* named sums, not an array: the compiler keeps them in registers */
+    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
+    for (int d = 0; d < hd; d++) {
+        __m256 k0 = _mm256_load_ps(kt + (size_t)d * KT_PANEL), k1 = _mm256_load_ps(kt + (size_t)d * KT_PANEL + 8), b;
+        __asm__("" : "+x"(k0), "+x"(k1));   /* kept in registers: else GCC reloads them as operands of every multiply */
+#define SCORE_QUERY(f, s0, s1)                                    \
+        if (NQ > f) {                                             \
+            b = _mm256_broadcast_ss(q[f] + d);                    \
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(b, k0));         \
+            s1 = _mm256_add_ps(s1, _mm256_mul_ps(b, k1));         \
+        }
+        SCORE_QUERY(0, a00, a01) SCORE_QUERY(1, a10, a11) SCORE_QUERY(2, a20, a21) SCORE_QUERY(3, a30, a31)
+#undef SCORE_QUERY
     }
-    /* hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3]: twice gives each key's ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)) */
-    __m128 h = _mm_hadd_ps(_mm_hadd_ps(fold8(a0), fold8(a1)), _mm_hadd_ps(fold8(a2), fold8(a3)));
-    _mm_storeu_ps(out, h);
-    if (j < n)
-        for (int r = 0; r < 4; r++) out[r] += fold_tail(q, k[r], j, n);
+    __m256 sc = _mm256_set1_ps(scale), a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+    for (int f = 0; f < NQ; f++) {
+        float *o = m == KT_PANEL ? out[f] : s[f];
+        _mm256_storeu_ps(o, _mm256_mul_ps(a[f][0], sc));
+        _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[f][1], sc));
+    }
+    if (m == KT_PANEL) return;
 #else
-    for (int r = 0; r < 4; r++) out[r] = dot_attn(q, k[r], n);
+    for (int f = 0; f < NQ; f++)
+        for (int i = 0; i < m; i++) {
+            float acc = 0;
+            for (int d = 0; d < hd; d++) acc += q[f][d] * kt[(size_t)d * KT_PANEL + i];
+            s[f][i] = acc * scale;
+        }
 #endif
+    for (int f = 0; f < NQ; f++) memcpy(out[f], s[f], (size_t)m * sizeof(float));
+}
+
+/* scores_panel_n with the number of queries a constant, so each case keeps its sums in registers */
+static void scores_panel(float *const *out, const float *const *q, int nq, const float *kt, int m, int hd,
+                         float scale) {
+    switch (nq) {
+    case 1: scores_panel_n(out, q, kt, m, hd, scale, 1); break;
+    case 2: scores_panel_n(out, q, kt, m, hd, scale, 2); break;
+    case 3: scores_panel_n(out, q, kt, m, hd, scale, 3); break;
+    default: scores_panel_n(out, q, kt, m, hd, scale, 4); break;
+    }
+}
+
+/* Where block i0.. of lane g (of the layer being attended) is packed: kv_cache_init gives each lane room for its
+ * budget rounded up to whole blocks. */
+static float *key_panels(const KVCache *c, int g, int i0) {
+    size_t per_lane = (size_t)(c->budget + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK;
+    return c->ktbuf + ((size_t)g * per_lane + i0) * c->shape.head_dim;
+}
+
+/* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, the keys packed
+ * into kt first (keys_pack). Four queries at a time sweep the block's panels, which stay in L1. */
+static void block_scores(float *const *out, const float *const *q, int nq, float *kt, const float *const *kp, int nk,
+                         int hd, float scale) {
+    keys_pack(kt, kp, nk, hd);
+    for (int f = 0; f < nq; f += 4) {
+        int nf = nq - f < 4 ? nq - f : 4;
+        for (int p = 0; p < nk; p += KT_PANEL) {
+            float *o[4];
+            for (int x = 0; x < nf; x++) o[x] = out[f + x] + p;
+            scores_panel(o, q + f, nf, kt + (size_t)p * hd, nk - p < KT_PANEL ? nk - p : KT_PANEL, hd, scale);
+        }
+    }
 }
 
 /* The attention output of a GQA group over columns [d0, d0 + w) of its lane, w ≤ 16: o_h[d] = Σ_i p_h[i]·v_i[d]
@@ -861,8 +922,18 @@ static inline __m256 exp_neg8(__m256 x) {
 }
 #endif
 
+/* 8 partial sums s_k folded as ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)), the order of a vector reduction with hadd */
+#ifdef __AVX__
+static inline float fold8_sum(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));   /* [s0+s4, s1+s5, s2+s6, s3+s7] */
+    h = _mm_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
+}
+#endif
+static inline float fold8_sum_c(const float s[8]) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
+
 /* In place, p[i] = e^(x_i − max) / Σ_j e^(x_j − max) over n scores, in a fixed order with or without AVX2: the sum
- * is 8 partial sums (sum k takes i ≡ k mod 8 below 8·⌊n/8⌋) folded as in dot_attn, plus the tail summed from 0. */
+ * is 8 partial sums (sum k takes i ≡ k mod 8 below 8·⌊n/8⌋) folded by fold8_sum, plus the tail summed from 0. */
 static void softmax_inplace(float *x, int n) {
     float mx = -INFINITY;
     int i = 0;
@@ -900,10 +971,6 @@ static void softmax_inplace(float *x, int n) {
 
 /* Multiply-adds per layer below which attention stays on one thread (as run.c's matmul does below 65536). */
 #define KV_PARALLEL_MIN_WORK 65536
-/* Keys per work item of the score phase: small enough to balance the lanes over the threads, large enough that an
- * item's cost dwarfs handing it out. */
-#define KV_KEY_BLOCK 64
-
 /* Step 3 in three phases, each split over the threads in pieces whose arithmetic does not depend on the split, so
  * any thread count gives the same bits:
  *   scores   per (lane, block of 64 live slots): each key decoded/rotated once for the whole GQA group, its dot with
@@ -937,22 +1004,20 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             int g = item / blocks, i0 = item % blocks * KV_KEY_BLOCK, n = lanes[g].n_live;
             int i1 = i0 + KV_KEY_BLOCK < n ? i0 + KV_KEY_BLOCK : n;
             if (i1 <= i0) continue;   /* this lane is shorter than the layer's longest */
-            const float **vp = c->vptr + (size_t)g * budget, *kp[KV_KEY_BLOCK + 3];
+            const float **vp = c->vptr + (size_t)g * budget, *kp[KV_KEY_BLOCK];
             for (int i = i0; i < i1; i++) {
                 kp[i - i0] = lane_key(c, &lanes[g], i, c->kbuf + ((size_t)g * budget + i) * hd);
                 vp[i] = lane_value(c, &lanes[g], i, c->vbuf + ((size_t)g * budget + i) * hd);
-                /* ask for the block's key rows now, all at once, rather than one miss at a time in the dots */
+                /* ask for the block's key rows now, all at once, rather than one miss at a time in the packing */
                 for (int d = 0; d < hd; d += 16) __builtin_prefetch(kp[i - i0] + d);
             }
-            for (int i = i1; i < i0 + ((i1 - i0 + 3) & ~3); i++) kp[i - i0] = kp[0];   /* pad to four keys */
+            const float *qg[group];
+            float *sg[group];
             for (int hh = 0; hh < group; hh++) {
-                const float *qh = c->qbuf + (size_t)(g * group + hh) * hd;
-                float *sc = c->scores + (size_t)(g * group + hh) * budget, d4[4];
-                for (int i = i0; i < i1; i += 4) {
-                    dot_attn4(d4, qh, kp + (i - i0), hd);
-                    for (int r = 0; r < 4 && i + r < i1; r++) sc[i + r] = d4[r] * scale;
-                }
+                qg[hh] = c->qbuf + (size_t)(g * group + hh) * hd;
+                sg[hh] = c->scores + (size_t)(g * group + hh) * budget + i0;
             }
+            block_scores(sg, qg, group, key_panels(c, g, i0), kp, i1 - i0, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
@@ -977,7 +1042,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
  * layer once per token. When no slot of the layer can be freed or change while the chunk passes (chunk_room), each
  * token's live list is known in advance: the lane's live list now, then the chunk's tokens up to itself. Step 3 then
  * runs for all the chunk's tokens at once, reading each key and value once per chunk, with every score,
- * probability and output computed by the same arithmetic as kv_attend_cpu (dot_attn's order, softmax_inplace,
+ * probability and output computed by the same arithmetic as kv_attend_cpu (block_scores, softmax_inplace,
  * wsum_body's order), so the bits are those of token-by-token decode. Steps 1, 2 and 4 (and the caller's hook) still
  * run token by token, in order.
  * ------------------------------------------------------------------------------------------------------------- */
@@ -1061,77 +1126,61 @@ static const float *chunk_value(const KVCache *c, float *x, const float *v) {
     return x;
 }
 
-/* out[r][f] = dot_attn(q[f], k[r], n) for 4 queries and 3 keys, n a multiple of 8 (no tail): dot_attn's arithmetic,
- * with each loaded key block used by four queries (12 sums, 3 keys and a query in the 16 ymm registers). Measured
- * faster on Zen 3 than 2 queries x 4 keys (attn_bench -chunk 64 at 1,024 tokens: 2.2-2.4 against 2.4-2.9 ms per
- * token, interleaved runs). */
-static inline void dot_attn_4x3(float out[3][4], const float *const *q, const float *const *k, int n) {
+/* Four consecutive tokens' attention outputs for one query head over columns [d0, d0 + 16) of a lane, in pieces of
+ * value rows: token k (k = 0..3) sums over value rows 0..n-1+k with probabilities p + k·ld_p into o + k·ld_o, each
+ * output in wsum_body's order (0 + p_0 v_0 + p_1 v_1 + ..., a multiply then an add). wsum_quad_rows adds rows
+ * [i0, i1) (i1 ≤ n) for all four tokens to the sums in o (first: the sums start from 0); wsum_quad_tail adds the
+ * last three rows (n: tokens 1-3, n+1: tokens 2-3, n+2: token 3). Storing a sum and loading it back changes no bit,
+ * so the pieces give wsum_body's outputs. */
 #ifdef __AVX__
-    __m256 z = _mm256_setzero_ps(), a[3][4] = {{z, z, z, z}, {z, z, z, z}, {z, z, z, z}};
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 kv[3];
-        for (int r = 0; r < 3; r++) {
-            kv[r] = _mm256_loadu_ps(k[r] + j);
-            __asm__("" : "+x"(kv[r]));   /* kept in a register (as run.c's matmul tiles) */
-        }
-        for (int f = 0; f < 4; f++) {
-            __m256 qf = _mm256_loadu_ps(q[f] + j);
-            for (int r = 0; r < 3; r++) a[r][f] = _mm256_add_ps(a[r][f], _mm256_mul_ps(qf, kv[r]));
-        }
-    }
-    for (int r = 0; r < 3; r++) {
-        __m128 h = _mm_hadd_ps(_mm_hadd_ps(fold8(a[r][0]), fold8(a[r][1])), _mm_hadd_ps(fold8(a[r][2]), fold8(a[r][3])));
-        _mm_storeu_ps(out[r], h);
-    }
-#else
-    for (int r = 0; r < 3; r++)
-        for (int f = 0; f < 4; f++) out[r][f] = dot_attn(q[f], k[r], n);
-#endif
-}
-
-/* Four consecutive tokens' attention outputs for one query head over columns [d0, d0 + 16) of a lane: token k
- * (k = 0..3) over value rows 0..n-1+k, with probabilities p + k·ld_p, output o + k·ld_o, each output in wsum_body's
- * order (0 + p_0 v_0 + p_1 v_1 + ..., a multiply then an add). Each 16-column block of a value row is read once for
- * the four tokens. */
-#ifdef __AVX__
-static void wsum_quad(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int n, int d0) {
-    const float *p0 = p, *p1 = p + ld_p, *p2 = p + 2 * ld_p, *p3 = p + 3 * ld_p;
-    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z, v0, v1, ph;
-#define WSUM_TOKEN(pk, s0, s1)                              \
-    ph = _mm256_set1_ps(pk[i]);                             \
-    s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));          \
+#define WSUM_TOKEN(k, s0, s1)                                         \
+    ph = _mm256_set1_ps(p[(size_t)(k) * ld_p + i]);                   \
+    s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));                    \
     s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));
-    int i = 0;
-    for (; i < n; i++) {
-        if (i + WSUM_AHEAD < n) __builtin_prefetch(v[i + WSUM_AHEAD] + d0);
+#define WSUM_LOAD(k, s0, s1)                                          \
+    s0 = first ? z : _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0);    \
+    s1 = first ? z : _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0 + 8);
+#define WSUM_STORE(k, s0, s1)                                         \
+    _mm256_storeu_ps(o + (size_t)(k) * ld_o + d0, s0);                \
+    _mm256_storeu_ps(o + (size_t)(k) * ld_o + d0 + 8, s1);
+static void wsum_quad_rows(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int i0, int i1,
+                           int d0, int first) {
+    __m256 z = _mm256_setzero_ps(), a00, a01, a10, a11, a20, a21, a30, a31, v0, v1, ph;
+    WSUM_LOAD(0, a00, a01) WSUM_LOAD(1, a10, a11) WSUM_LOAD(2, a20, a21) WSUM_LOAD(3, a30, a31)
+    for (int i = i0; i < i1; i++) {
         v0 = _mm256_loadu_ps(v[i] + d0);
         v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-        WSUM_TOKEN(p0, a00, a01) WSUM_TOKEN(p1, a10, a11) WSUM_TOKEN(p2, a20, a21) WSUM_TOKEN(p3, a30, a31)
+        WSUM_TOKEN(0, a00, a01) WSUM_TOKEN(1, a10, a11) WSUM_TOKEN(2, a20, a21) WSUM_TOKEN(3, a30, a31)
     }
-    /* the last three rows: tokens 1-3, then 2-3, then 3 */
-    v0 = _mm256_loadu_ps(v[i] + d0);
-    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-    WSUM_TOKEN(p1, a10, a11) WSUM_TOKEN(p2, a20, a21) WSUM_TOKEN(p3, a30, a31)
-    i++;
-    v0 = _mm256_loadu_ps(v[i] + d0);
-    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-    WSUM_TOKEN(p2, a20, a21) WSUM_TOKEN(p3, a30, a31)
-    i++;
-    v0 = _mm256_loadu_ps(v[i] + d0);
-    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-    WSUM_TOKEN(p3, a30, a31)
-#undef WSUM_TOKEN
-    _mm256_storeu_ps(o + d0, a00);
-    _mm256_storeu_ps(o + d0 + 8, a01);
-    _mm256_storeu_ps(o + ld_o + d0, a10);
-    _mm256_storeu_ps(o + ld_o + d0 + 8, a11);
-    _mm256_storeu_ps(o + 2 * ld_o + d0, a20);
-    _mm256_storeu_ps(o + 2 * ld_o + d0 + 8, a21);
-    _mm256_storeu_ps(o + 3 * ld_o + d0, a30);
-    _mm256_storeu_ps(o + 3 * ld_o + d0 + 8, a31);
+    WSUM_STORE(0, a00, a01) WSUM_STORE(1, a10, a11) WSUM_STORE(2, a20, a21) WSUM_STORE(3, a30, a31)
 }
+static void wsum_quad_tail(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int n, int d0) {
+    __m256 z = _mm256_setzero_ps(), a10, a11, a20, a21, a30, a31, v0, v1, ph;
+    int first = n == 0, i = n;
+    WSUM_LOAD(1, a10, a11) WSUM_LOAD(2, a20, a21) WSUM_LOAD(3, a30, a31)
+    v0 = _mm256_loadu_ps(v[i] + d0);
+    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
+    WSUM_TOKEN(1, a10, a11) WSUM_TOKEN(2, a20, a21) WSUM_TOKEN(3, a30, a31)
+    i++;
+    v0 = _mm256_loadu_ps(v[i] + d0);
+    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
+    WSUM_TOKEN(2, a20, a21) WSUM_TOKEN(3, a30, a31)
+    i++;
+    v0 = _mm256_loadu_ps(v[i] + d0);
+    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
+    WSUM_TOKEN(3, a30, a31)
+    WSUM_STORE(1, a10, a11) WSUM_STORE(2, a20, a21) WSUM_STORE(3, a30, a31)
+}
+#undef WSUM_TOKEN
+#undef WSUM_LOAD
+#undef WSUM_STORE
 #endif
+
+/* Value rows per piece of the output phase: a piece's rows (64 x head_dim floats, 16 KiB at head_dim 64) stay in L1
+ * while every (token, head, 16 columns) of a work item passes over them. */
+#define WSUM_ROWS 64
+/* Tokens per work item of the output phase: each value row comes from L2 or L3 once per item */
+#define WSUM_TOKENS 16
 
 /* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:
  * chunk_room), and the policy and the hook see each token's probabilities in c->scores, pointed at the token's rows of
@@ -1216,28 +1265,17 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                     c->vptr[row] = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
                 }
             }
-            /* token u sees ranks up to n0 + u: the block's first query token, then every (token, head) after it */
+            /* token u sees ranks up to n0 + u: the block's first query token, then every (token, head) after it
+               (scores past a token's last rank are computed and never read) */
             int f0 = (j0 > n0[g] ? j0 - n0[g] : 0) * G, nf = n * G;
-            const float *const *kp = c->kptr + (size_t)g * B;
-            for (int f = f0; f < nf; f += 4) {
-                const float *qf[4];
-                size_t rows[4];
-                for (int x = 0; x < 4; x++) {
-                    int ff = f + x < nf ? f + x : nf - 1;   /* a short tile repeats the last query */
-                    rows[x] = (size_t)(ff / G) * nh + g * G + ff % G;
-                    qf[x] = Q + rows[x] * hd;
-                }
-                for (int j = j0; j < j1; j += 3) {
-                    const float *kr[3] = {kp[j], kp[j + 1 < j1 ? j + 1 : j], kp[j + 2 < j1 ? j + 2 : j]};
-                    float d[3][4];
-                    if (hd % 8 == 0) dot_attn_4x3(d, qf, kr, hd);
-                    else
-                        for (int r = 0; r < 3; r++)
-                            for (int x = 0; x < 4; x++) d[r][x] = dot_attn(qf[x], kr[r], hd);
-                    for (int r = 0; r < 3 && j + r < j1; r++)
-                        for (int x = 0; x < 4 && f + x < nf; x++) P[rows[x] * B + j + r] = d[r][x] * scale;
-                }
+            const float *qf[nf - f0];
+            float *of[nf - f0];
+            for (int f = f0; f < nf; f++) {
+                size_t row = (size_t)(f / G) * nh + g * G + f % G;
+                qf[f - f0] = Q + row * hd;
+                of[f - f0] = P + row * B + j0;
             }
+            block_scores(of, qf, nf - f0, key_panels(c, g, j0), c->kptr + (size_t)g * B + j0, j1 - j0, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int uh = 0; uh < n * nh; uh++)
@@ -1245,32 +1283,47 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         /* steps 1-2 and 4 on one thread while the others start on the outputs (dynamic: it joins them after) */
         #pragma omp single nowait
         rc = chunk_steps_124(c, P, l, pos0, n, n0, k, v, hook, hook_ctx);
-        /* four tokens per pass where head_dim is a multiple of 16, else one */
-        int quad = hd % WSUM_COLS == 0, per = quad ? 4 : 1, n_items = (n + per - 1) / per;
+        /* the outputs per (lane, WSUM_TOKENS tokens): with AVX and head_dim a multiple of 16, four tokens at a time in
+           pieces of WSUM_ROWS value rows, each piece read from L2 or L3 once for all the item's tokens and heads; the
+           tokens left over (fewer than four) one at a time */
+        int n_items = (n + WSUM_TOKENS - 1) / WSUM_TOKENS;
         #pragma omp for schedule(dynamic)
         for (int item = 0; item < n_kv * n_items; item++) {
-            int g = item / n_items, u = item % n_items * per;
+            int g = item / n_items, u0 = item % n_items * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
             const float *const *vp = c->vptr + (size_t)g * B;
+            int u = u0;
 #ifdef __AVX__
-            if (quad && u + 3 < n) {
-                for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-                    for (int hh = 0; hh < G; hh++) {
-                        size_t row = (size_t)u * nh + g * G + hh;
-                        wsum_quad(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, n0[g] + u + 1, d0);
+            if (hd % WSUM_COLS == 0) {
+                int uq = u0 + (u1 - u0) / 4 * 4;   /* tokens [u0, uq) go in fours; four tokens from u share rows
+                                                      0..n0 + u, and the last three rows as wsum_quad_tail adds them */
+                for (int i0 = 0; i0 < n0[g] + uq - 3; i0 += WSUM_ROWS)
+                    for (int u4 = u0; u4 < uq; u4 += 4) {
+                        int shared = n0[g] + u4 + 1, i1 = i0 + WSUM_ROWS < shared ? i0 + WSUM_ROWS : shared;
+                        for (int d0 = 0; d0 < hd && i0 < i1; d0 += WSUM_COLS)
+                            for (int hh = 0; hh < G; hh++) {
+                                size_t row = (size_t)u4 * nh + g * G + hh;
+                                wsum_quad_rows(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, i0, i1, d0, i0 == 0);
+                            }
                     }
-                continue;
+                for (int u4 = u0; u4 < uq; u4 += 4)
+                    for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
+                        for (int hh = 0; hh < G; hh++) {
+                            size_t row = (size_t)u4 * nh + g * G + hh;
+                            wsum_quad_tail(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, n0[g] + u4 + 1, d0);
+                        }
+                u = uq;
             }
 #endif
-            for (int uu = u; uu < u + per && uu < n; uu++) {
+            for (; u < u1; u++) {
                 float *oa[G];
                 const float *pa[G];
                 for (int hh = 0; hh < G; hh++) {
-                    size_t row = (size_t)uu * nh + g * G + hh;
+                    size_t row = (size_t)u * nh + g * G + hh;
                     oa[hh] = out + row * hd;
                     pa[hh] = P + row * B;
                 }
                 for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-                    weighted_sum_group(oa, pa, vp, n0[g] + uu + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G);
+                    weighted_sum_group(oa, pa, vp, n0[g] + u + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G);
             }
         }
     }

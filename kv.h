@@ -223,6 +223,7 @@ struct KVCache {
     float *scores;           /* (n_heads, budget) probabilities of the last step, per query head */
     float *agg, *mean;       /* (n_kv_heads, budget) aggregated over a GQA group */
     float *kbuf;             /* (n_kv_heads, budget, head_dim) dequantized / rotated keys */
+    float *ktbuf;            /* (n_kv_heads, budget rounded up to 64, head_dim) keys in panels for the scores (kv.c) */
     float *vbuf;             /* (n_kv_heads, budget, head_dim) dequantized values */
     const float **vptr;      /* (n_kv_heads, budget) each live value's f32 row: in the cache or in vbuf */
     float *qbuf;             /* (n_heads, head_dim) rotated queries */

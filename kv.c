@@ -973,8 +973,9 @@ static void softmax_inplace(float *x, int n) {
 #define KV_PARALLEL_MIN_WORK 65536
 /* Step 3 in three phases, each split over the threads in pieces whose arithmetic does not depend on the split, so
  * any thread count gives the same bits:
- *   scores   per (lane, block of 64 live slots): each key decoded/rotated once for the whole GQA group, its dot with
- *            every query head of the group (values decoded there too, when they are not f32);
+ *   scores   per (lane, block of 64 live slots): each key decoded/rotated once for the whole GQA group, the block
+ *            scored against every query head of the group (block_scores; values decoded there too, when they are
+ *            not f32);
  *   softmax  per query head: max, exp, sum and normalization in rank order;
  *   output   per (lane, 16 columns): Σ_i p_hi v_i for the group's heads, each value read once for the group.
  * At long contexts decode attention is bound by reading the cache (f32 SmolLM2 at 2,048 tokens: 92 MiB per token),
@@ -1213,7 +1214,7 @@ static int chunk_steps_124(KVCache *c, const float *P, int l, int pos0, int n, c
  *            them, then the keys against every query of the group that sees them;
  *   softmax  per (token, query head), over the token's live list;
  *   then, at the same time: steps 1-2 and 4 token by token on one thread (chunk_steps_124), and the outputs per
- *   (lane, four tokens), each 16-column block of a value row read once for the four. */
+ *   (lane, WSUM_TOKENS tokens), in pieces of WSUM_ROWS value rows that stay in L1 for the item's tokens and heads. */
 static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
                          const float *v, KVAttnHook hook, void *hook_ctx) {
     const KVShape *s = &c->shape;

@@ -9,6 +9,7 @@
  * Indices: l layer, h query head, g kv head, t position, s slot, i rank in a lane's live list.
  */
 #include "kv.h"
+#include "exp_neg.h"
 
 #include <errno.h>
 #include <math.h>
@@ -883,44 +884,6 @@ static void weighted_sum_group(float *const *o, const float *const *p, const flo
     }
 }
 
-/* e^x for x ≤ 0 (a softmax's x − max), the same bits with or without AVX: x = n·ln2 + r with n = round(x·log2 e)
- * (the 1.5·2²³ trick) and r reduced in two steps (Cody-Waite), e^r by Cephes' degree-7 polynomial for expf
- * (S. Moshier; relative error about 1e-7), times 2ⁿ built in the exponent bits. Every step is one IEEE operation, a
- * multiply or an add, never fused. Below −87 (e^x < 2⁻¹²⁶) it is 0; NaN stays NaN. */
-#define EXP_LO (-87.0f)
-#define EXP_C1 0.693359375f
-#define EXP_C2 (-2.12194440e-4f)
-#define EXP_MAGIC 12582912.0f
-static const float exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                                  1.6666665459e-1f, 5.0000001201e-1f};
-static inline float exp_neg(float x) {
-    if (x != x) return x;   /* NaN stays NaN: a broken model shows */
-    if (x < EXP_LO) return 0;
-    float n = (x * 1.44269504088896341f + EXP_MAGIC) - EXP_MAGIC;
-    float r = (x - n * EXP_C1) - n * EXP_C2;
-    float y = exp_poly[0];
-    for (int k = 1; k < 6; k++) y = y * r + exp_poly[k];
-    y = (y * (r * r) + r) + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float p2;
-    memcpy(&p2, &bits, sizeof p2);
-    return y * p2;
-}
-#ifdef __AVX2__
-static inline __m256 exp_neg8(__m256 x) {
-    __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_NLT_UQ);   /* x ≥ −87, or NaN (which stays NaN) */
-    x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);                        /* maxps returns x when x is NaN */
-    __m256 magic = _mm256_set1_ps(EXP_MAGIC);
-    __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))),
-                             _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)));
-    __m256 y = _mm256_set1_ps(exp_poly[0]);
-    for (int k = 1; k < 6; k++) y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(exp_poly[k]));
-    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), ok);
-}
-#endif
 
 /* 8 partial sums s_k folded as ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)), the order of a vector reduction with hadd */
 #ifdef __AVX__

@@ -9,6 +9,7 @@
 #include "run.h"
 #include "attn.h"
 #include "quant.h"
+#include "exp_neg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -549,6 +550,25 @@ void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0) {
         memcpy(s->x + (size_t)t * dim, m->w.token_embedding + (size_t)tokens[t] * dim, (size_t)dim * sizeof(float));
 }
 
+/* h[i] = silu(h[i])·u[i] over n values, silu(g) = g·σ(g) = g / (1 + e^−g) (the SwiGLU's gate): g / (1 + e) for g ≥ 0
+ * and g·e / (1 + e) for g < 0, with e = e^−|g| from exp_neg.h (never overflows; the same bits with or without AVX2,
+ * so decode and -chunk agree whatever the build). */
+void swiglu(float *h, const float *u, int n) {
+    int i = 0;
+#ifdef __AVX2__
+    __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(h + i), e = exp_neg8(_mm256_or_ps(g, sign));   /* e^−|g| */
+        __m256 num = _mm256_blendv_ps(_mm256_mul_ps(g, e), g, _mm256_cmp_ps(g, zero, _CMP_GE_OQ));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        float g = h[i], e = exp_neg(-fabsf(g));
+        h[i] = (g >= 0 ? g : g * e) / (1.0f + e) * u[i];
+    }
+}
+
 int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     const Config *c = &m->config;
     const LayerWeights *L = &m->w.layers[l];
@@ -591,11 +611,7 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     matmul_n(s->hb, s->xb, L->w1, hid, dim, n);
     matmul_n(s->hb2, s->xb, L->w3, hid, dim, n);
     #pragma omp parallel for schedule(static) if (n >= 8)
-    for (int t = 0; t < n; t++)
-        for (size_t i = (size_t)t * hid; i < (size_t)(t + 1) * hid; i++) {
-            float g = s->hb[i];
-            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
-        }
+    for (int t = 0; t < n; t++) swiglu(s->hb + (size_t)t * hid, s->hb2 + (size_t)t * hid, hid);
     matmul_n(s->xb, s->hb, L->w2, dim, hid, n);
     for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
     timer_add(&s->t_matmul, t0);

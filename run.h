@@ -129,12 +129,15 @@ int state_init(RunState *s, const Config *c);                 /* n_max = 1 */
 int state_init_chunk(RunState *s, const Config *c, int n_max); /* room for chunks of n_max tokens */
 void state_free(RunState *s);
 /* out (rows) = W (rows, cols) · x (cols), rows split over threads (results independent of the thread count).
- * W f32: f32 products in 16 lanes. W q8: x is quantized per group of 32 (f32 scale), int8 products summed exactly
+ * W f32: f32 products in 8 lanes. W q8: x is quantized per group of 32 (f32 scale), int8 products summed exactly
  * per 4 values, scaled and accumulated in 8 f32 lanes (see run.c). cols must be a multiple of 32 for q8. */
 void matmul(float *out, const float *x, Matrix W, int rows, int cols);
 /* out (n, rows) = x (n, cols) · Wᵀ: the same per-output arithmetic as matmul, for n tokens at once (bit-identical
  * to n calls of matmul). Not reentrant for q8 (one scratch buffer for the quantized x): call it from one thread. */
 void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n);
+/* h[i] = silu(h[i])·u[i] for i < n, the SwiGLU's gate (Shazeer 2020) with exp_neg.h's exp: the same bits with or
+ * without AVX2 (tests/test_exp_neg.c) */
+void swiglu(float *h, const float *u, int n);
 /* Bytes of a (rows, cols) matrix of weight type wtype, unpadded. */
 size_t matrix_bytes(int wtype, size_t rows, size_t cols);
 /* One decode step of the token at position pos through every layer, with the cache's policy; logits in s->logits.

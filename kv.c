@@ -431,6 +431,8 @@ static size_t token_bytes(const KVCache *c, int f32_region) {
 /* Keys per work item of attention's score phase (kv_attend_cpu, kv_attend_chunk): small enough to balance the lanes
  * over the threads, large enough that an item's cost dwarfs handing it out. */
 #define KV_KEY_BLOCK 64
+/* slots per lane of a cache's key panels (ktbuf): its budget rounded up to whole blocks */
+static size_t key_panel_slots(int budget) { return (size_t)(budget + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK; }
 
 /* ---------------------------------------------------------------------------------------------------------------
  * The cache
@@ -514,7 +516,7 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->kbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
-    size_t kt_bytes = (size_t)shape->n_kv_heads * ((B + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK) * hd * sizeof(float);
+    size_t kt_bytes = (size_t)shape->n_kv_heads * key_panel_slots(B) * hd * sizeof(float);
     c->ktbuf = aligned_alloc(64, (kt_bytes + 63) / 64 * 64);   /* panels are read with aligned loads */
     c->vbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
     c->qbuf = calloc((size_t)shape->n_heads * hd, sizeof(float));
@@ -524,7 +526,8 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
     c->rope_t = calloc((size_t)hd, sizeof(float));
     c->rope_t_pos = -1;
-    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->ktbuf || !c->vbuf || !c->qbuf || !c->vptr
+    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->ktbuf || !c->vbuf || !c->qbuf
+        || !c->vptr
         || !c->victim_buf || !c->score_buf
         || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
         size_t want = c->arena_bytes;
@@ -734,8 +737,9 @@ static void keys_pack(float *kt, const float *const *kp, int nk, int hd) {
                     }
                 /* r[0..3]: keys 0-3 at d0, d1, d2, d3 (low) and d4..d7 (high); r[4..7]: keys 4-7 */
                 for (int i = 0; i < 4; i++) {
-                    _mm256_storeu_ps(dst + (size_t)(d + i) * KT_PANEL + h, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-                    _mm256_storeu_ps(dst + (size_t)(d + i + 4) * KT_PANEL + h, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+                    float *lo = dst + (size_t)(d + i) * KT_PANEL + h, *hi = lo + 4 * KT_PANEL;   /* d + i, d + i + 4 */
+                    _mm256_storeu_ps(lo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                    _mm256_storeu_ps(hi, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
                 }
             }
 #endif
@@ -793,11 +797,9 @@ static void scores_panel(float *const *out, const float *const *q, int nq, const
     }
 }
 
-/* Where block i0.. of lane g (of the layer being attended) is packed: kv_cache_init gives each lane room for its
- * budget rounded up to whole blocks. */
+/* Where block i0.. of lane g (of the layer being attended) is packed: each lane has key_panel_slots(budget) */
 static float *key_panels(const KVCache *c, int g, int i0) {
-    size_t per_lane = (size_t)(c->budget + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK;
-    return c->ktbuf + ((size_t)g * per_lane + i0) * c->shape.head_dim;
+    return c->ktbuf + ((size_t)g * key_panel_slots(c->budget) + i0) * c->shape.head_dim;
 }
 
 /* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, the keys packed
@@ -893,7 +895,9 @@ static inline float fold8_sum(__m256 s) {
     return _mm_cvtss_f32(_mm_hadd_ps(h, h));
 }
 #endif
-static inline float fold8_sum_c(const float s[8]) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
+static inline float fold8_sum_c(const float s[8]) {
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
 
 /* In place, p[i] = e^(x_i − max) / Σ_j e^(x_j − max) over n scores, in a fixed order with or without AVX2: the sum
  * is 8 partial sums (sum k takes i ≡ k mod 8 below 8·⌊n/8⌋) folded by fold8_sum, plus the tail summed from 0. */
@@ -1093,24 +1097,26 @@ static const float *chunk_value(const KVCache *c, float *x, const float *v) {
 /* Four consecutive tokens' attention outputs for one query head over columns [d0, d0 + 16) of a lane, in pieces of
  * value rows: token k (k = 0..3) sums over value rows 0..n-1+k with probabilities p + k·ld_p into o + k·ld_o, each
  * output in wsum_body's order (0 + p_0 v_0 + p_1 v_1 + ..., a multiply then an add). wsum_quad_rows adds rows
- * [i0, i1) (i1 ≤ n) for all four tokens to the sums in o (first: the sums start from 0); wsum_quad_tail adds the
- * last three rows (n: tokens 1-3, n+1: tokens 2-3, n+2: token 3). Storing a sum and loading it back changes no bit,
- * so the pieces give wsum_body's outputs. */
+ * [i0, i1) (i1 ≤ n, the rows all four see) for all four tokens to the sums in o (first: the sums start from 0);
+ * wsum_quad_tail adds the last three rows (n: tokens 1-3, n+1: tokens 2-3, n+2: token 3) to the sums in o. Storing
+ * a sum and loading it back changes no bit, so the pieces give wsum_body's outputs. The macros name the functions'
+ * own variables (o, ld_o, p, ld_p, d0, i, ph, v0, v1). */
 #ifdef __AVX__
 #define WSUM_TOKEN(k, s0, s1)                                         \
     ph = _mm256_set1_ps(p[(size_t)(k) * ld_p + i]);                   \
     s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));                    \
     s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));
 #define WSUM_LOAD(k, s0, s1)                                          \
-    s0 = first ? z : _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0);    \
-    s1 = first ? z : _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0 + 8);
+    s0 = _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0);                \
+    s1 = _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0 + 8);
 #define WSUM_STORE(k, s0, s1)                                         \
     _mm256_storeu_ps(o + (size_t)(k) * ld_o + d0, s0);                \
     _mm256_storeu_ps(o + (size_t)(k) * ld_o + d0 + 8, s1);
 static void wsum_quad_rows(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int i0, int i1,
                            int d0, int first) {
-    __m256 z = _mm256_setzero_ps(), a00, a01, a10, a11, a20, a21, a30, a31, v0, v1, ph;
-    WSUM_LOAD(0, a00, a01) WSUM_LOAD(1, a10, a11) WSUM_LOAD(2, a20, a21) WSUM_LOAD(3, a30, a31)
+    __m256 a00, a01, a10, a11, a20, a21, a30, a31, v0, v1, ph;
+    if (first) a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = _mm256_setzero_ps();
+    else { WSUM_LOAD(0, a00, a01) WSUM_LOAD(1, a10, a11) WSUM_LOAD(2, a20, a21) WSUM_LOAD(3, a30, a31) }
     for (int i = i0; i < i1; i++) {
         v0 = _mm256_loadu_ps(v[i] + d0);
         v1 = _mm256_loadu_ps(v[i] + d0 + 8);
@@ -1119,8 +1125,8 @@ static void wsum_quad_rows(float *o, size_t ld_o, const float *p, size_t ld_p, c
     WSUM_STORE(0, a00, a01) WSUM_STORE(1, a10, a11) WSUM_STORE(2, a20, a21) WSUM_STORE(3, a30, a31)
 }
 static void wsum_quad_tail(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int n, int d0) {
-    __m256 z = _mm256_setzero_ps(), a10, a11, a20, a21, a30, a31, v0, v1, ph;
-    int first = n == 0, i = n;
+    __m256 a10, a11, a20, a21, a30, a31, v0, v1, ph;
+    int i = n;
     WSUM_LOAD(1, a10, a11) WSUM_LOAD(2, a20, a21) WSUM_LOAD(3, a30, a31)
     v0 = _mm256_loadu_ps(v[i] + d0);
     v1 = _mm256_loadu_ps(v[i] + d0 + 8);
@@ -1266,7 +1272,8 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                         for (int d0 = 0; d0 < hd && i0 < i1; d0 += WSUM_COLS)
                             for (int hh = 0; hh < G; hh++) {
                                 size_t row = (size_t)u4 * nh + g * G + hh;
-                                wsum_quad_rows(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, i0, i1, d0, i0 == 0);
+                                wsum_quad_rows(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, i0, i1, d0,
+                                               i0 == 0);
                             }
                     }
                 for (int u4 = u0; u4 < uq; u4 += 4)

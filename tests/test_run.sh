@@ -25,6 +25,18 @@ expect_error() {
     --seed 7 >/dev/null 2>&1 || fail "export --random"
 M=$tmp/tiny.bin
 
+# --- the device: by default CUDA when this build has it and a GPU is usable, else the CPU with at most a one-line
+# notice (a CUDA build on a machine without a GPU or driver must still run) ---
+"$RUN" "$M" -ids -i "1 2 3" -n 4 -t 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
+notes=$(grep -c "attention runs on the CPU" "$tmp/err")
+if [ $rc -eq 0 ] && grep -q "device cuda" "$tmp/err"; then
+    pass "default device: a usable GPU, attention on CUDA ($(grep -o 'device cuda.*' "$tmp/err" | head -1))"
+elif [ $rc -eq 0 ] && grep -q "device cpu" "$tmp/err" && [ "$notes" -le 1 ] && [ -s "$tmp/out" ]; then
+    pass "default device without a usable GPU: ids generated on the CPU, $notes notice line ($(grep 'note' "$tmp/err" | head -1))"
+else
+    fail "default device: exit $rc, stderr: $(head -c 300 "$tmp/err")"
+fi
+
 # --- files ---
 expect_error "missing file" "cannot open model" "$RUN" "$tmp/nonexistent.bin"
 expect_error "directory" "not a regular file" "$RUN" "$tmp"

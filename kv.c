@@ -578,7 +578,7 @@ void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf); free(c->ktbuf);
     free(c->vbuf); free(c->qbuf); free(c->vptr);
-    free(c->kptr); free(c->chunk_cs);
+    free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->score_buf);
     memset(c, 0, sizeof *c);
 }
@@ -1059,11 +1059,9 @@ static int chunk_reserve(KVCache *c, int n) {
         return -1;
     if (n <= c->chunk_cap) return 0;
     float *cs = malloc((size_t)n * s->head_dim * sizeof(float));
-    const float **kp = c->kptr ? c->kptr : malloc((size_t)s->n_kv_heads * c->budget * sizeof *kp);
-    if (!cs || !kp) { free(cs); if (kp != c->kptr) free(kp); return -1; }
+    if (!cs) return -1;
     free(c->chunk_cs);
     c->chunk_cs = cs;
-    c->kptr = kp;
     c->chunk_cap = n;
     c->chunk_cs_n = 0;   /* the new table holds no position yet */
     return 0;
@@ -1222,16 +1220,17 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
             if (j1 > n0[g] + n) j1 = n0[g] + n;
             if (j1 <= j0) continue;
             /* the block's keys and values as attention sees them: the lane's live ones, then the chunk's new ones */
+            const float *kp[KV_KEY_BLOCK];
             for (int j = j0; j < j1; j++) {
                 size_t row = (size_t)g * B + j;
                 float *kx = c->kbuf + row * hd, *vx = c->vbuf + row * hd;
                 if (j < n0[g]) {
-                    c->kptr[row] = lane_key(c, &lanes[g], j, kx);
+                    kp[j - j0] = lane_key(c, &lanes[g], j, kx);
                     c->vptr[row] = lane_value(c, &lanes[g], j, vx);
                 } else {
                     int u = j - n0[g];
-                    c->kptr[row] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
-                                             c->chunk_cs + (size_t)u * hd);
+                    kp[j - j0] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
+                                           c->chunk_cs + (size_t)u * hd);
                     c->vptr[row] = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
                 }
             }
@@ -1245,7 +1244,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                 qf[f - f0] = Q + row * hd;
                 of[f - f0] = P + row * B + j0;
             }
-            block_scores(of, qf, nf - f0, key_panels(c, g, j0), c->kptr + (size_t)g * B + j0, j1 - j0, hd, scale);
+            block_scores(of, qf, nf - f0, key_panels(c, g, j0), kp, j1 - j0, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int uh = 0; uh < n * nh; uh++)

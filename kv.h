@@ -228,7 +228,6 @@ struct KVCache {
     const float **vptr;      /* (n_kv_heads, budget) each live value's f32 row: in the cache or in vbuf */
     float *qbuf;             /* (n_heads, head_dim) rotated queries */
     /* scratch of kv_attend_chunk, grown to the largest chunk seen (its large buffers are shared by all caches, kv.c) */
-    const float **kptr;      /* (n_kv_heads, budget) each key's f32 row as attention sees it */
     float *chunk_cs;         /* (chunk, head_dim/2, 2) cos, sin of positions chunk_cs_pos0.. (chunk_cs_n of them) */
     int chunk_cap, chunk_cs_pos0, chunk_cs_n;
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */

@@ -104,7 +104,7 @@ void sha256_hex(const void *data, size_t len, char *hex) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct {
-    char cmdline[2048];
+    Line cmdline;          /* the command line, shell-quoted so that it can be run again */
     char model_sha[65], text_sha[65];
     int threads;
     unsigned long long seed;
@@ -112,26 +112,22 @@ typedef struct {
 
 static void provenance_init(Provenance *pv, const Model *m, const Options *o, const Sha256 *text) {
     memset(pv, 0, sizeof *pv);
-    size_t n = 0;
-    for (int i = 0; i < o->argc && n + 4 < sizeof pv->cmdline; i++)
-        n += (size_t)snprintf(pv->cmdline + n, sizeof pv->cmdline - n, i ? " %s" : "%s", o->argv[i]);
+    line_shell_words(&pv->cmdline, o->argc, o->argv);
+    line_printf(&pv->cmdline, "%s", "");   /* a NUL-terminated string even for an empty command line */
     /* the model's digest goes only into -o records: hashing 0.5 GB takes seconds, so it is skipped without -o */
     if (o->out) sha256_hex(m->data, m->size, pv->model_sha);
     Sha256 t = *text;
     sha_final_hex(&t, pv->text_sha);
-#ifdef _OPENMP
-    pv->threads = omp_get_max_threads();
-#else
-    pv->threads = 1;
-#endif
+    pv->threads = run_threads();
     pv->seed = o->seed;
 }
 
-static void json_provenance(FILE *f, const Provenance *pv) {
-    fprintf(f, "\"cmd\":\"");
-    json_write_string_body(f, pv->cmdline);
-    fprintf(f, "\",\"git\":\"%s\",\"model_sha256\":\"%s\",\"text_sha256\":\"%s\",\"seed\":%llu,\"threads\":%d",
-            KVLAB_GIT, pv->model_sha, pv->text_sha, pv->seed, pv->threads);
+/* The provenance fields every -o record ends with, and the closing brace and newline. */
+static void json_provenance_end(Line *l, const Provenance *pv) {
+    line_printf(l, "\"cmd\":\"");
+    line_json_str(l, pv->cmdline.s);
+    line_printf(l, "\",\"git\":\"%s\",\"model_sha256\":\"%s\",\"text_sha256\":\"%s\",\"seed\":%llu,\"threads\":%d}\n",
+                KVLAB_GIT, pv->model_sha, pv->text_sha, pv->seed, pv->threads);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -154,6 +150,7 @@ typedef struct {
     double *recall;         /* (n_layers) Σ over steps and kv heads of attention-mass recall */
     long recall_n;          /* steps counted per layer (× n_kv_heads in the sum) */
     double cur_nll, cur_kl; /* this token's, for -tokenlog */
+    double seconds;         /* time in this run's forward pass (its share of the lockstep run) */
     KVBytes peak;           /* the largest allocation and live bytes seen */
 } PolicyRun;
 
@@ -316,7 +313,7 @@ static void policy_run_init(PolicyRun *r, const Model *m, const char *spec_text,
         kv_spec_check_mode(&spec, mode, err, sizeof err))
         fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
-    if (kv_cache_init(&r->cache, &shape, &spec, err, sizeof err)) fatal("-kv: %s", err);
+    if (kv_cache_init(&r->cache, &shape, &spec, err, sizeof err)) fatal("%s", err);
     if (state_init_chunk(&r->s, &m->config, chunk)) fatal("out of memory");
     r->recall = calloc((size_t)m->config.n_layers, sizeof(double));
     if (!r->recall) fatal("out of memory");
@@ -375,12 +372,15 @@ static void progress(double t_start, long done, long total, const char *what) {
 /* Streaming perplexity: each document through every policy and the shadow, a chunk of `chunk` tokens at a time,
  * all runs in lockstep layer by layer (forward_layer), so the shadow's attention at (token, layer) is at hand when
  * a policy's recall at that (token, layer) is measured. chunk = 1 is token-by-token decode; any chunk gives the
- * same bits (tests/test_eval.sh). */
-static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, PolicyRun *runs, int n_runs,
-                       EvalCtx *e, FILE *tokenlog, int chunk) {
+ * same bits (tests/test_eval.sh). At most max_tokens tokens are scored (0: all); SIGINT/SIGTERM stops it after the
+ * current chunk. Returns the tokens scored. */
+static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, int n_runs, EvalCtx *e,
+                       OutFile *tokenlog, int chunk, long max_tokens) {
     int V = m->config.vocab_size, ctx = e->ctx;
     long total = 0, done = 0;
     for (int d = 0; d < n_docs; d++) total += (long)docs[d].n - 1;
+    if (max_tokens && max_tokens < total) total = max_tokens;
+    Line tl = {0};
     double t_start = now_s();
     HookCtx hooks[n_runs];
     int nt_run[n_runs];
@@ -391,12 +391,13 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
         runs[k].s.after_attn = runs[k].is_shadow ? shadow_hook : recall_hook;
         runs[k].s.hook_ctx = &hooks[k];
     }
-    for (int d = 0; d < n_docs; d++) {
+    for (int d = 0; d < n_docs && done < total && !run_signal; d++) {
         /* every cache, score and position restarts with each document */
         for (int k = 0; k < n_runs; k++) { kv_cache_reset(&runs[k].cache); runs[k].alive = 1; }
         const int *tok = docs[d].ids;
         long n_feed = (long)docs[d].n - 1;   /* the last token is only predicted */
-        for (long t0 = 0; t0 < n_feed; t0 += chunk) {
+        if (n_feed > total - done) n_feed = total - done;
+        for (long t0 = 0; t0 < n_feed && !run_signal; t0 += chunk) {
             int nt = n_feed - t0 < chunk ? (int)(n_feed - t0) : chunk;
             e->pos0 = (int)t0;
             /* how many of this chunk's tokens each run takes: the shadow and non-evicting caches stop at -c */
@@ -405,14 +406,25 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
                 int cap = r->is_shadow || !r->cache.policy.ops->evicts ? ctx : INT_MAX;
                 nt_run[k] = !r->alive ? 0 : (cap - t0 < nt ? (int)(cap - t0 > 0 ? cap - t0 : 0) : nt);
                 if (nt_run[k] == 0) { r->alive = 0; continue; }
+                double a = now_s();
                 forward_begin((Model *)m, &r->s, tok + t0, nt_run[k], (int)t0);
+                r->seconds += now_s() - a;
             }
             for (int l = 0; l < m->config.n_layers; l++)
-                for (int k = 0; k < n_runs; k++)
-                    if (nt_run[k] && forward_layer((Model *)m, &runs[k].s, &runs[k].cache, l))
+                for (int k = 0; k < n_runs; k++) {
+                    if (!nt_run[k]) continue;
+                    double a = now_s();
+                    if (forward_layer((Model *)m, &runs[k].s, &runs[k].cache, l))
                         fatal("'%s' could not store position %ld", runs[k].cache.spec.text, t0);
+                    runs[k].seconds += now_s() - a;
+                }
             for (int k = 0; k < n_runs; k++)
-                if (nt_run[k]) { forward_end((Model *)m, &runs[k].s); note_bytes(&runs[k]); }
+                if (nt_run[k]) {
+                    double a = now_s();
+                    forward_end((Model *)m, &runs[k].s);
+                    runs[k].seconds += now_s() - a;
+                    note_bytes(&runs[k]);
+                }
             /* each (token, run) of the chunk scored on its own, in parallel: log-sum-exp and argmax, then KL against
                the shadow; the sums below stay in token order, so the totals do not depend on the threads */
             #pragma omp parallel for schedule(static)
@@ -453,29 +465,33 @@ static void ppl_stream(const Model *m, const Options *o, Doc *docs, int n_docs, 
                     }
                 }
                 if (in_span) { runs[0].span.nll += shadow_nll; runs[0].span.n++; }
-                if (tokenlog) {
-                    fprintf(tokenlog, "{\"doc\":%d,\"pos\":%ld,\"token\":%d,\"next\":%d,\"policies\":[", d, t, tok[t], next);
+                if (tokenlog->fd >= 0) {
+                    line_printf(&tl, "{\"doc\":%d,\"pos\":%ld,\"token\":%d,\"next\":%d,\"policies\":[", d, t, tok[t], next);
                     for (int k = 0; k < n_runs; k++) {
                         PolicyRun *r = &runs[k];
-                        fprintf(tokenlog, "%s{\"kv\":\"", k ? "," : "");
-                        json_write_string_body(tokenlog, r->is_shadow ? "shadow" : r->cache.spec.text);
-                        if (isnan(r->cur_nll)) fprintf(tokenlog, "\",\"nll\":null}");
-                        else if (r->is_shadow || !in_span) fprintf(tokenlog, "\",\"nll\":%.9g}", r->cur_nll);
-                        else fprintf(tokenlog, "\",\"nll\":%.9g,\"kl\":%.9g}", r->cur_nll, r->cur_kl);
+                        line_printf(&tl, "%s{\"kv\":\"", k ? "," : "");
+                        line_json_str(&tl, r->is_shadow ? "shadow" : r->cache.spec.text);
+                        if (isnan(r->cur_nll)) line_printf(&tl, "\",\"nll\":null}");
+                        else if (r->is_shadow || !in_span) line_printf(&tl, "\",\"nll\":%.9g}", r->cur_nll);
+                        else line_printf(&tl, "\",\"nll\":%.9g,\"kl\":%.9g}", r->cur_nll, r->cur_kl);
                     }
-                    fprintf(tokenlog, "]}\n");
+                    line_printf(&tl, "]}\n");
+                    outfile_line(tokenlog, &tl);
                 }
             }
             progress(t_start, done, total, "ppl:");
         }
     }
     free(sc);
+    line_free(&tl);
+    return done;
 }
 
 /* llama-perplexity's method (examples/perplexity, commit c392e50): the stream is cut into n_ctx-token chunks
  * (a trailing partial chunk is dropped), BOS replaces each chunk's first token when the model adds BOS, the cache is
- * cleared per chunk, and only the second half is scored: logits at positions n_ctx/2 .. n_ctx-2. */
-static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, int n_runs, int n_ctx, int chunk) {
+ * cleared per chunk, and only the second half is scored: logits at positions n_ctx/2 .. n_ctx-2. Returns 1 when
+ * SIGINT/SIGTERM stopped it between chunks. */
+static int ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, int n_runs, int n_ctx, int chunk) {
     int V = m->config.vocab_size, first = n_ctx / 2;
     int *in = malloc((size_t)n_ctx * sizeof(int));
     if (!in) fatal("out of memory");
@@ -485,6 +501,7 @@ static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, 
             fatal("-ppl-mode chunked needs at least 2*%d tokens (as llama-perplexity); document %d has %zu", n_ctx,
                   d + 1, docs[d].n);
         for (size_t ch = 0; ch < n_chunks; ch++) {
+            if (run_signal) { free(in); return 1; }
             const int *tok = docs[d].ids + ch * n_ctx;
             memcpy(in, tok, (size_t)n_ctx * sizeof(int));
             if (m->has_tokenizer && m->tokenizer.add_bos) in[0] = m->tokenizer.bos_id;
@@ -508,10 +525,15 @@ static void ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, 
         }
     }
     free(in);
+    return 0;
 }
 
-void run_ppl(Model *m, const Options *o) {
+int run_ppl(Model *m, const Options *o) {
     if (o->n_files == 0) fatal("-m ppl needs text: -f FILE (repeatable, one document each)");
+    int chunked = !strcmp(o->ppl_mode, "chunked");
+    if (chunked && o->steps_set) fatal("-n is for -ppl-mode stream (chunked mode scores whole chunks)");
+    long max_tokens = o->steps_set ? o->steps : 0;
+    if (o->steps_set && max_tokens == 0) fatal("-m ppl -n 0 scores nothing: give the tokens to score, or no -n for all");
     int ctx = o->ctx ? o->ctx : m->config.seq_len;
     Sha256 text_sha;
     sha_init(&text_sha);
@@ -524,7 +546,6 @@ void run_ppl(Model *m, const Options *o) {
                   docs[d].n, docs[d].n == 1 ? "" : "s");
         n_tokens += (long)docs[d].n;
     }
-    int chunked = !strcmp(o->ppl_mode, "chunked");
     int chunk = o->chunk ? o->chunk : 1;
     /* runs[0] is the shadow (stream mode), then each -kv policy in order */
     int n_pol = o->n_kv ? o->n_kv : 1, n_runs = n_pol + !chunked;
@@ -539,8 +560,8 @@ void run_ppl(Model *m, const Options *o) {
     if (!chunked && chunk > 1)
         for (int k = 0; k < n_runs; k++)
             if (!kv_layer_local(&runs[k].cache)) {
-                fprintf(stderr, "ppl: '%s' is not layer-local: -chunk %d falls back to token by token\n",
-                        runs[k].cache.spec.text, chunk);
+                run_note("ppl: '%s' is not layer-local: -chunk %d falls back to token by token",
+                         runs[k].cache.spec.text, chunk);
                 chunk = 1;
                 break;
             }
@@ -549,20 +570,28 @@ void run_ppl(Model *m, const Options *o) {
         e.shadow_prob = calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float));
         if (!e.shadow_prob) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
     }
-    FILE *tokenlog = NULL, *out = NULL;
-    if (o->tokenlog && !(tokenlog = fopen(o->tokenlog, "w"))) fatal("cannot write -tokenlog '%s': %s", o->tokenlog, strerror(errno));
-    if (o->out && !(out = fopen(o->out, "a"))) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE;
+    if (o->tokenlog) outfile_open(&tokenlog, "-tokenlog", o->tokenlog, 0);
+    if (o->out) outfile_open(&out, "-o", o->out, 1);
+    run_job_start();
     fprintf(stderr, "ppl: %d document%s, %ld tokens, -c %d, mode %s, %d polic%s\n", o->n_files, o->n_files > 1 ? "s" : "",
             n_tokens, ctx, o->ppl_mode, n_pol, n_pol > 1 ? "ies" : "y");
     double t0 = now_s();
-    if (chunked) ppl_chunked(m, docs, o->n_files, runs, n_runs, ctx, chunk);
-    else ppl_stream(m, o, docs, o->n_files, runs, n_runs, &e, tokenlog, chunk);
+    long total = n_tokens - o->n_files, done = total;
+    if (max_tokens && max_tokens < total) total = max_tokens;
+    int partial;
+    if (chunked) partial = ppl_chunked(m, docs, o->n_files, runs, n_runs, ctx, chunk);
+    else {
+        done = ppl_stream(m, docs, o->n_files, runs, n_runs, &e, &tokenlog, chunk, max_tokens);
+        partial = done < total;
+    }
     double secs = now_s() - t0;
 
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
     fprintf(stderr, "\n%-34s %8s %9s %9s %9s %7s %9s %9s %7s %10s\n", "policy (span: positions < -c)", "tokens", "ppl",
             "ΔNLL", "KL", "top1", "Δp", "ppl(all)", "recall", "KV MiB");
+    Line ln = {0};
     for (int k = 0; k < n_runs; k++) {
         PolicyRun *r = &runs[k];
         double n = r->span.n ? (double)r->span.n : 1;
@@ -579,34 +608,45 @@ void run_ppl(Model *m, const Options *o) {
             fprintf(stderr, "%-34s %8ld %9.4f %9.5f %9.5f %7.4f %9.5f %9.4f %7.4f %10.2f\n", name, r->span.n,
                     exp(r->span.nll / n), r->dnll / n, r->kl / n, r->top1 / n, r->dp / n,
                     exp(r->all.nll / (r->all.n ? r->all.n : 1)), rec, r->peak.total_alloc / 1048576.0);
-        if (out) {
-            fprintf(out, "{\"mode\":\"ppl\",\"ppl_mode\":\"%s\",\"kv\":\"", o->ppl_mode);
-            json_write_string_body(out, r->is_shadow ? "shadow" : r->cache.spec.text);
-            fprintf(out, "\",\"budget\":%d,\"ctx\":%d,\"documents\":%d,\"span_tokens\":%ld,\"span_nll\":%.9g,"
-                    "\"span_ppl\":%.9g,\"all_tokens\":%ld,\"all_nll\":%.9g,\"all_ppl\":%.9g,",
-                    r->cache.policy.budget, ctx, o->n_files, r->span.n, r->span.nll / n, exp(r->span.nll / n), r->all.n,
-                    r->all.n ? r->all.nll / r->all.n : 0, r->all.n ? exp(r->all.nll / r->all.n) : 0);
-            if (!r->is_shadow && !chunked) {
-                fprintf(out, "\"kl\":%.9g,\"top1\":%.9g,\"dp\":%.9g,\"dnll\":%.9g,\"recall\":%.9g,\"recall_per_layer\":[",
+        if (out.fd < 0) continue;
+        line_printf(&ln, "{\"mode\":\"ppl\",\"ppl_mode\":\"%s\",\"kv\":\"", o->ppl_mode);
+        line_json_str(&ln, r->is_shadow ? "shadow" : r->cache.spec.text);
+        line_printf(&ln, "\",\"budget\":%d,\"ctx\":%d,\"documents\":%d,\"partial\":%s,\"scored_tokens\":%ld,"
+                    "\"span_tokens\":%ld,\"span_nll\":%.9g,\"span_ppl\":%.9g,\"all_tokens\":%ld,\"all_nll\":%.9g,"
+                    "\"all_ppl\":%.9g,", r->cache.policy.budget, ctx, o->n_files, partial ? "true" : "false", done,
+                    r->span.n, r->span.nll / n, exp(r->span.nll / n), r->all.n, r->all.n ? r->all.nll / r->all.n : 0,
+                    r->all.n ? exp(r->all.nll / r->all.n) : 0);
+        if (!r->is_shadow && !chunked) {
+            line_printf(&ln, "\"kl\":%.9g,\"top1\":%.9g,\"dp\":%.9g,\"dnll\":%.9g,\"recall\":%.9g,\"recall_per_layer\":[",
                         r->kl / n, r->top1 / n, r->dp / n, r->dnll / n, rec);
-                for (int l = 0; l < L; l++)
-                    fprintf(out, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
-                fprintf(out, "],");
-            }
-            fprintf(out, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,\"seconds\":%.3f,",
-                    r->peak.total_alloc, r->peak.peak_live, r->peak.formula_alloc, secs);
-            json_provenance(out, &pv);
-            fprintf(out, "}\n");
+            for (int l = 0; l < L; l++)
+                line_printf(&ln, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
+            line_printf(&ln, "],");
         }
+        line_printf(&ln, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,\"seconds\":%.3f,"
+                    "\"wall_seconds\":%.3f,", r->peak.total_alloc, r->peak.peak_live, r->peak.formula_alloc,
+                    chunked ? secs / n_runs : r->seconds, secs);
+        json_provenance_end(&ln, &pv);
+        outfile_line(&out, &ln);
     }
     fprintf(stderr, "ppl: %.1f s, %.1f tok/s per policy run, peak RSS %.1f MiB\n", secs,
-            secs > 0 ? (double)(n_tokens - o->n_files) * n_runs / secs : 0, peak_rss_kib() / 1024.0);
-    if (tokenlog && fclose(tokenlog)) fatal("cannot write -tokenlog '%s': %s", o->tokenlog, strerror(errno));
-    if (out && fclose(out)) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+            secs > 0 ? (double)done * n_runs / secs : 0, peak_rss_kib() / 1024.0);
+    if (partial && chunked)
+        fprintf(stderr, "ppl: stopped by %s: the figures above cover the chunks scored%s\n", run_signal_name(run_signal),
+                out.fd >= 0 ? "; -o records say \"partial\":true" : "");
+    else if (partial)
+        fprintf(stderr, "ppl: stopped by %s after %ld of %ld tokens: the figures above cover those %ld (-n %ld "
+                "reproduces them)%s\n", run_signal_name(run_signal), done, total, done, done,
+                out.fd >= 0 ? "; -o records say \"partial\":true" : "");
+    line_free(&ln);
+    line_free(&pv.cmdline);
+    outfile_close(&tokenlog);
+    outfile_close(&out);
     for (int k = 0; k < n_runs; k++) policy_run_free(&runs[k]);
     free(runs);
     free(e.shadow_prob);
     for (int d = 0; d < o->n_files; d++) free(docs[d].ids);
+    return run_signal ? 128 + run_signal : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -647,7 +687,7 @@ static int *bench_tokens(const Model *m, const Options *o, int n, Sha256 *text_s
     return out;
 }
 
-void run_bench(Model *m, const Options *o) {
+int run_bench(Model *m, const Options *o) {
     int ctx_max = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
     int steps = o->steps_set ? (o->steps ? o->steps : 32) : 32;
     int n_pol = o->n_kv ? o->n_kv : 1;
@@ -661,21 +701,23 @@ void run_bench(Model *m, const Options *o) {
     Sha256 text_sha;
     sha_init(&text_sha);
     int *tok = bench_tokens(m, o, ctx_max, &text_sha);
-    FILE *out = NULL;
-    if (o->out && !(out = fopen(o->out, "a"))) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    OutFile out = OUTFILE_NONE;
+    if (o->out) outfile_open(&out, "-o", o->out, 1);
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
-    fprintf(stderr, "bench: contexts up to %d tokens (-c), %d decode steps each, %d threads\n", ctx_max, steps,
-            pv.threads);
+    Line ln = {0};
+    run_job_start();
+    fprintf(stderr, "bench: contexts up to %d tokens (-c), %d decode steps each, %d thread%s\n", ctx_max, steps,
+            pv.threads, pv.threads == 1 ? "" : "s");
     fprintf(stderr, "%-28s %7s %9s %10s %9s %9s %8s %8s %8s %10s %10s\n", "policy", "context", "TTFT ms", "prefill t/s",
             "p50 ms", "p95 ms", "matmul%", "attn%", "other%", "KV MiB", "live MiB");
     double *ms = malloc((size_t)steps * sizeof(double));
-    for (int k = 0; k < n_pol; k++) {
+    for (int k = 0; k < n_pol && !run_signal; k++) {
         PolicyRun r;
         policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx_max, 0, PREFILL_CHUNK, "bench");
         /* warm-up: page the weights in, wake the threads */
         for (int t = 0; t < 8; t++) forward(m, &r.s, &r.cache, tok[t], t);
-        for (int li = 0; li < n_lens; li++) {
+        for (int li = 0; li < n_lens && !run_signal; li++) {
             int L = lens[li];
             kv_cache_reset(&r.cache);
             kv_set_prompt_len(&r.cache, L);
@@ -683,12 +725,13 @@ void run_bench(Model *m, const Options *o) {
             /* the prompt as generate prefills it: PREFILL_CHUNK tokens at a time */
             if (forward_prefill(m, &r.s, &r.cache, tok, (size_t)L, 0, PREFILL_CHUNK))
                 fatal("'%s' filled up within %d tokens", r.cache.spec.text, L);
+            if (run_signal) break;   /* a prefill interrupted: nothing of this context measured */
             int next = sample_argmax(r.s.logits, m->config.vocab_size);
             double ttft = now_s() - t0;
             r.s.t_matmul = r.s.t_attn = 0;
             double td0 = now_s();
             int done = 0;
-            for (int st = 0; st < steps; st++) {
+            for (int st = 0; st < steps && !run_signal; st++) {
                 double a = now_s();
                 if (forward(m, &r.s, &r.cache, next, L + st)) break;
                 next = sample_argmax(r.s.logits, m->config.vocab_size);
@@ -699,28 +742,32 @@ void run_bench(Model *m, const Options *o) {
             double p50 = done ? ms[done / 2] : 0, p95 = done ? ms[(int)(0.95 * (done - 1) + 0.5)] : 0;
             KVBytes b = kv_bytes(&r.cache);
             double fm = tdec > 0 ? r.s.t_matmul / tdec : 0, fa = tdec > 0 ? r.s.t_attn / tdec : 0;
-            fprintf(stderr, "%-28s %7d %9.1f %10.1f %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %10.2f %10.2f\n",
+            fprintf(stderr, "%-28s %7d %9.1f %10.1f %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %10.2f %10.2f%s\n",
                     r.cache.spec.text, L, ttft * 1e3, L / ttft, p50, p95, 100 * fm, 100 * fa, 100 * (1 - fm - fa),
-                    b.total_alloc / 1048576.0, b.total_live / 1048576.0);
-            if (out) {
-                fprintf(out, "{\"mode\":\"bench\",\"kv\":\"");
-                json_write_string_body(out, r.cache.spec.text);
-                fprintf(out, "\",\"budget\":%d,\"context\":%d,\"ttft_ms\":%.3f,\"prefill_tok_s\":%.3f,\"decode_steps\":%d,"
-                        "\"decode_ms_p50\":%.4f,\"decode_ms_p95\":%.4f,\"decode_tok_s\":%.3f,\"matmul_frac\":%.4f,"
-                        "\"attn_frac\":%.4f,\"kv_alloc_bytes\":%zu,\"kv_live_bytes\":%zu,\"kv_peak_live_bytes\":%zu,"
-                        "\"peak_rss_kib\":%ld,",
-                        r.cache.policy.budget, L, ttft * 1e3, L / ttft, done, p50, p95, done / tdec, fm, fa, b.total_alloc,
-                        b.total_live, b.peak_live, peak_rss_kib());
-                json_provenance(out, &pv);
-                fprintf(out, "}\n");
-            }
+                    b.total_alloc / 1048576.0, b.total_live / 1048576.0, done < steps ? " (partial)" : "");
+            if (out.fd < 0) continue;
+            line_printf(&ln, "{\"mode\":\"bench\",\"kv\":\"");
+            line_json_str(&ln, r.cache.spec.text);
+            line_printf(&ln, "\",\"budget\":%d,\"context\":%d,\"partial\":%s,\"ttft_ms\":%.3f,\"prefill_tok_s\":%.3f,"
+                        "\"decode_steps\":%d,\"decode_ms_p50\":%.4f,\"decode_ms_p95\":%.4f,\"decode_tok_s\":%.3f,"
+                        "\"matmul_frac\":%.4f,\"attn_frac\":%.4f,\"kv_alloc_bytes\":%zu,\"kv_live_bytes\":%zu,"
+                        "\"kv_peak_live_bytes\":%zu,\"peak_rss_kib\":%ld,", r.cache.policy.budget, L,
+                        done < steps ? "true" : "false", ttft * 1e3, L / ttft, done, p50, p95,
+                        tdec > 0 ? done / tdec : 0, fm, fa, b.total_alloc, b.total_live, b.peak_live, peak_rss_kib());
+            json_provenance_end(&ln, &pv);
+            outfile_line(&out, &ln);
         }
         policy_run_free(&r);
     }
     fprintf(stderr, "bench: peak RSS %.1f MiB\n", peak_rss_kib() / 1024.0);
+    if (run_signal) fprintf(stderr, "bench: stopped by %s: the rows above are what was measured\n",
+                            run_signal_name(run_signal));
     free(ms);
     free(tok);
-    if (out && fclose(out)) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    line_free(&ln);
+    line_free(&pv.cmdline);
+    outfile_close(&out);
+    return run_signal ? 128 + run_signal : 0;
 }
 
 
@@ -784,8 +831,12 @@ static char *passkey_text(int n_junk, const int *i_pos, const int *keys, const c
     return b.s;
 }
 
-/* Greedy answer of up to max_new tokens; returns the first integer in it (-1 if none), text in buf. Feeds every
- * generated token so the cache can continue. Returns -2 when the cache filled up. */
+/* What passkey_ask returns besides an answer (a non-negative integer). */
+enum { PK_NO_NUMBER = -1, PK_CACHE_FULL = -2, PK_STOPPED = -3 };
+
+/* Greedy answer of up to max_new tokens; returns the first integer in it (a run of decimal digits, leading zeros
+ * dropped, at most 9 digits read), or PK_NO_NUMBER; the text in buf. Feeds every generated token so the cache can
+ * continue. PK_CACHE_FULL when the cache filled up, PK_STOPPED on SIGINT/SIGTERM. */
 static long passkey_answer(Model *m, PolicyRun *r, int *pos, int max_new, char *buf, size_t cap) {
     TokenDecoder d;
     tokdec_init(&d, &m->tokenizer);
@@ -796,25 +847,38 @@ static long passkey_answer(Model *m, PolicyRun *r, int *pos, int max_new, char *
         if (tokenizer_is_eog(&m->tokenizer, next)) break;
         size_t len = tokdec_push(&d, next, piece, sizeof piece);
         if (n + len < cap) { memcpy(buf + n, piece, len); n += len; }
-        if (forward(m, &r->s, &r->cache, next, (*pos)++)) return -2;
+        if (forward(m, &r->s, &r->cache, next, (*pos)++)) return PK_CACHE_FULL;
+        if (run_signal) return PK_STOPPED;
     }
     buf[n] = 0;
-    const char *p = buf;
-    while (*p && (*p < '0' || *p > '9')) p++;
-    if (!*p) return -1;
-    return strtol(p, NULL, 10);
+    return passkey_first_integer(buf);
 }
 
-/* Prefill ids[0..n) from position *pos in chunks (forward_prefill); *pos advances. 0, or -1 when the cache filled. */
+long passkey_first_integer(const char *text) {
+    const char *p = text;
+    while (*p && (*p < '0' || *p > '9')) p++;
+    if (!*p) return PK_NO_NUMBER;
+    while (*p == '0' && p[1] >= '0' && p[1] <= '9') p++;
+    long v = 0;
+    for (int k = 0; k < 9 && *p >= '0' && *p <= '9'; k++, p++) v = 10 * v + (*p - '0');
+    return v;
+}
+
+/* Prefill ids[0..n) from position *pos, `chunk` tokens at a time (forward_prefill); *pos advances. 0, PK_CACHE_FULL,
+ * or PK_STOPPED when SIGINT/SIGTERM came between two chunks. */
 static int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chunk) {
-    if (forward_prefill(m, &r->s, &r->cache, ids, n, *pos, chunk)) return -1;
-    *pos += (int)n;
+    for (size_t i = 0; i < n; i += (size_t)chunk) {
+        size_t k = n - i < (size_t)chunk ? n - i : (size_t)chunk;
+        if (forward_prefill(m, &r->s, &r->cache, ids + i, k, *pos, chunk)) return PK_CACHE_FULL;
+        *pos += (int)k;
+        if (run_signal) return PK_STOPPED;
+    }
     return 0;
 }
 
 /* Ask one question: encode text (a new document when `fresh`: cache reset, BOS per the model, the prompt end told
- * to the policy), prefill it from *pos, answer greedily. Returns the answer's first integer, -1 if none, -2 if the
- * cache filled up; *n_prompt = the tokens prefilled. */
+ * to the policy), prefill it from *pos, answer greedily. Returns the answer's first integer, or PK_*;
+ * *n_prompt = the tokens prefilled. */
 static long passkey_ask(Model *m, PolicyRun *r, const char *text, int fresh, int *pos, int chunk, int max_new,
                         char *answer, size_t cap, size_t *n_prompt) {
     int *ids = NULL;
@@ -826,12 +890,20 @@ static long passkey_ask(Model *m, PolicyRun *r, const char *text, int fresh, int
         *pos = 0;
     }
     *n_prompt = n;
-    long got = prefill(m, r, ids, n, pos, chunk) == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : -2;
+    answer[0] = 0;
+    int pre = prefill(m, r, ids, n, pos, chunk);
+    long got = pre == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : pre;
     free(ids);
     return got;
 }
 
-void run_passkey(Model *m, const Options *o) {
+/* "NAME":integer, or null with "NAME_status":"no_number" (no digits in the answer) or "cache_full". */
+static void json_answer(Line *l, const char *name, long got) {
+    if (got >= 0) line_printf(l, "\"%s\":%ld", name, got);
+    else line_printf(l, "\"%s\":null,\"%s_status\":\"%s\"", name, name, got == PK_CACHE_FULL ? "cache_full" : "no_number");
+}
+
+int run_passkey(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("passkey needs a model with a tokenizer");
     int ctx = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
     int chunk = o->chunk ? o->chunk : 32, n_keys_per_cell = 2;
@@ -854,14 +926,17 @@ void run_passkey(Model *m, const Options *o) {
     uint64_t seed = o->seed_set ? o->seed : 1, rng = seed;
     Sha256 text_sha;
     sha_init(&text_sha);
-    FILE *out = NULL;
-    if (o->out && !(out = fopen(o->out, "a"))) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    OutFile out = OUTFILE_NONE;
+    if (o->out) outfile_open(&out, "-o", o->out, 1);
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
+    Line ln = {0};
+    run_job_start();
     fprintf(stderr, "passkey: lengths %d %d %d tokens, depths 0 .25 .5 .75 1, %d keys per cell, seed %llu\n",
             lens[0], lens[1], lens[2], n_keys_per_cell, (unsigned long long)seed);
     char answer[512];
-    for (int k = 0; k < n_pol; k++) {
+    int stopped = 0;   /* SIGINT/SIGTERM: the question being asked is dropped, the records so far stay */
+    for (int k = 0; k < n_pol && !stopped; k++) {
         rng = seed;   /* every policy is asked the same keys at the same depths */
         PolicyRun r;
         policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "passkey");
@@ -869,15 +944,15 @@ void run_passkey(Model *m, const Options *o) {
         for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.2f", depths[di]);
         fprintf(stderr, "\n");
         int total_ok = 0, total = 0;
-        for (int li = 0; li < 3; li++) {
+        for (int li = 0; li < 3 && !stopped; li++) {
             int n_junk = (lens[li] - fixed) / per_junk;
             fprintf(stderr, "%8d", lens[li]);
             if (n_junk < 4) {   /* the instruction, key and question alone fill it: no depth to vary */
                 fprintf(stderr, "  too short for a passkey prompt (%d tokens of fixed text); use a larger -c\n", fixed);
                 continue;
             }
-            for (int di = 0; di < n_depths; di++) {
-                int ok = 0;
+            for (int di = 0; di < n_depths && !stopped; di++) {
+                int ok = 0, asked = 0;
                 for (int rep = 0; rep < n_keys_per_cell; rep++) {
                     int key = 10000 + (int)(splitmix64(&rng) % 90000);
                     int i_pos = (int)(depths[di] * n_junk + 0.5);
@@ -886,29 +961,31 @@ void run_passkey(Model *m, const Options *o) {
                     int pos = 0;
                     size_t n;
                     long got = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n);
-                    ok += got == key;
-                    if (out) {
-                        fprintf(out, "{\"mode\":\"passkey\",\"kv\":\"");
-                        json_write_string_body(out, r.cache.spec.text);
-                        fprintf(out, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,"
-                                "\"answer\":%ld,\"correct\":%s,\"answer_text\":\"", r.cache.policy.budget, lens[li], n,
-                                depths[di], key, got, got == key ? "true" : "false");
-                        json_write_string_body(out, answer);
-                        fprintf(out, "\",");
-                        json_provenance(out, &pv);
-                        fprintf(out, "}\n");
-                    }
                     free(text);
+                    if (got == PK_STOPPED) { stopped = 1; break; }
+                    ok += got == key;
+                    asked++;
+                    if (out.fd < 0) continue;
+                    line_printf(&ln, "{\"mode\":\"passkey\",\"kv\":\"");
+                    line_json_str(&ln, r.cache.spec.text);
+                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,",
+                                r.cache.policy.budget, lens[li], n, depths[di], key);
+                    json_answer(&ln, "answer", got);
+                    line_printf(&ln, ",\"correct\":%s,\"answer_text\":\"", got == key ? "true" : "false");
+                    line_json_str(&ln, answer);
+                    line_printf(&ln, "\",");
+                    json_provenance_end(&ln, &pv);
+                    outfile_line(&out, &ln);
                 }
-                fprintf(stderr, "    %d/%d", ok, n_keys_per_cell);
+                fprintf(stderr, "    %d/%d", ok, asked);
                 total_ok += ok;
-                total += n_keys_per_cell;
+                total += asked;
             }
             fprintf(stderr, "\n");
         }
         /* two turns: first key at depth 0.25, second at 0.75; one cache */
-        int two_ok[2] = {0, 0};
-        for (int rep = 0; rep < n_keys_per_cell; rep++) {
+        int two_ok[2] = {0, 0}, two_asked = 0;
+        for (int rep = 0; rep < n_keys_per_cell && !stopped; rep++) {
             int n_junk = (lens[2] - fixed - 40) / per_junk;
             if (n_junk < 2) n_junk = 2;
             int keys[2] = {10000 + (int)(splitmix64(&rng) % 90000), 10000 + (int)(splitmix64(&rng) % 90000)};
@@ -917,25 +994,36 @@ void run_passkey(Model *m, const Options *o) {
             char *text = passkey_text(n_junk, i_pos, keys, names, 2, " What is the first pass key? The first pass key is");
             int pos = 0;
             size_t n;
-            long a = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n), b = -2;
-            if (a != -2)   /* the same cache, continued: nothing recomputed */
+            long a = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n), b = PK_CACHE_FULL;
+            if (a != PK_CACHE_FULL && a != PK_STOPPED)   /* the same cache, continued: nothing recomputed */
                 b = passkey_ask(m, &r, " What is the second pass key? The second pass key is", 0, &pos, chunk, max_new,
                                 answer, sizeof answer, &n);
+            free(text);
+            if (a == PK_STOPPED || b == PK_STOPPED) { stopped = 1; break; }
             two_ok[0] += a == keys[0];
             two_ok[1] += b == keys[1];
-            if (out) {
-                fprintf(out, "{\"mode\":\"passkey2\",\"kv\":\"");
-                json_write_string_body(out, r.cache.spec.text);
-                fprintf(out, "\",\"budget\":%d,\"length\":%d,\"keys\":[%d,%d],\"answers\":[%ld,%ld],",
-                        r.cache.policy.budget, lens[2], keys[0], keys[1], a, b);
-                json_provenance(out, &pv);
-                fprintf(out, "}\n");
-            }
-            free(text);
+            two_asked++;
+            if (out.fd < 0) continue;
+            line_printf(&ln, "{\"mode\":\"passkey2\",\"kv\":\"");
+            line_json_str(&ln, r.cache.spec.text);
+            line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"keys\":[%d,%d],", r.cache.policy.budget, lens[2], keys[0],
+                        keys[1]);
+            json_answer(&ln, "answer_first", a);
+            line_printf(&ln, ",");
+            json_answer(&ln, "answer_second", b);
+            line_printf(&ln, ",\"answers\":[%ld,%ld],", a >= 0 ? a : -1, b >= 0 ? b : -1);
+            json_provenance_end(&ln, &pv);
+            outfile_line(&out, &ln);
         }
-        fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d\n",
-                r.cache.spec.text, total_ok, total, lens[2], two_ok[0], n_keys_per_cell, two_ok[1], n_keys_per_cell);
+        fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d%s\n",
+                r.cache.spec.text, total_ok, total, lens[2], two_ok[0], two_asked, two_ok[1], two_asked,
+                stopped ? " (stopped early)" : "");
         policy_run_free(&r);
     }
-    if (out && fclose(out)) fatal("cannot write -o '%s': %s", o->out, strerror(errno));
+    if (stopped) fprintf(stderr, "passkey: stopped by %s: the question being asked was dropped; every answer above "
+                         "is recorded\n", run_signal_name(run_signal));
+    line_free(&ln);
+    line_free(&pv.cmdline);
+    outfile_close(&out);
+    return stopped ? 128 + run_signal : 0;
 }

@@ -275,6 +275,10 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
     if (strlen(part) >= sizeof sp->name || !kv_policy_find(part))
         return errorf(err, errlen, "unknown kv policy '%s' in '%s'; policies: %s", part, text, kv_policy_names());
     strcpy(sp->name, part);
+    if (colon && strspn(colon + 1, "0123456789") == strlen(colon + 1) && strlen(colon + 1) > 0 &&
+        (strlen(colon + 1) > 10 || strtoull(colon + 1, NULL, 10) > 1u << 30))
+        return errorf(err, errlen, "budget %s in '%s' is over the largest of %d tokens per lane", colon + 1, text,
+                      1 << 30);
     if (colon && parse_budget(colon + 1, &sp->budget, &sp->budget_bytes))
         return errorf(err, errlen, "bad budget '%s' in '%s': give tokens per lane (1024) or bytes for the whole "
                       "cache (64MiB, 512KiB, 1GiB, 4096B)", colon + 1, text);
@@ -532,7 +536,8 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
         || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
         size_t want = c->arena_bytes;
         kv_cache_free(c);
-        return errorf(err, errlen, "out of memory for a KV cache of %d slots per lane (%zu bytes)", B, want);
+        return errorf(err, errlen, "cannot allocate the KV cache of '%s': %d slot%s per lane x %d lanes = %.2f GiB; "
+                      "use a smaller -c or budget", spec->text, B, B == 1 ? "" : "s", n_lanes, want / 1073741824.0);
     }
     if (c->rope_cs)
         for (int i = 0; i < B; i++) rope_cs(c->rope_cs + (size_t)i * hd, shape, i);
@@ -1361,8 +1366,8 @@ void kv_attend_policy(KVCache *c, int l, int t) {
 void kv_describe(const KVCache *c, char *buf, size_t len) {
     char pol[160] = "";
     if (c->policy.ops->describe) c->policy.ops->describe(&c->policy, pol, sizeof pol);
-    snprintf(buf, len, "%s budget %d%s%s, %d slots per lane, k %s v %s, residual %d, pos %s, agg %s", c->spec.name,
-             c->policy.budget, *pol ? " " : "", pol, c->budget, kv_type_names[c->spec.ktype],
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d, pos %s, agg %s", c->spec.name,
+             c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s", kv_type_names[c->spec.ktype],
              kv_type_names[c->spec.vtype], c->residual, c->spec.pos == POS_CACHE ? "cache" : "orig",
              c->spec.agg == AGG_MAX ? "max" : "mean");
 }

@@ -128,6 +128,7 @@ typedef struct KVCache KVCache;
 typedef struct {
     const char *name;
     const char *summary;       /* one line for -h */
+    const char *paper;         /* the paper (or the classic method) it implements, for -h policies */
     const char *options;       /* its own keys, for error messages ("sinks=S"), or "" */
     const char *reason;        /* why it evicts, for the -kvlog "reason" field ("lowest accumulated attention") */
     int needs_budget;          /* 1: NAME:BUDGET is required */
@@ -178,6 +179,9 @@ struct KVPolicy {
 
 /* Registry (policies.c). */
 const KVPolicyOps *kv_policy_find(const char *name);
+/* The i-th registered policy (0-based, registration order), or NULL past the last: -h policies and the tests'
+ * lists of policies come from here. */
+const KVPolicyOps *kv_policy_at(int i);
 /* Names of all policies, comma-separated, for error messages. */
 const char *kv_policy_names(void);
 

@@ -91,7 +91,9 @@ static int argmin_f32(const KVLane *ln, int i0, int i1) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps policy_full = {
-    .name = "full", .summary = "never evict; budget = the context (-c)", .options = "", .reason = "none",
+    .name = "full",
+    .paper = "the plain KV cache of a Transformer decoder (Vaswani et al. 2017)",
+    .summary = "never evict; budget = the context (-c)", .options = "", .reason = "none",
     .needs_budget = 0, .evicts = 0,
 };
 
@@ -107,7 +109,9 @@ static int window_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *v
 }
 
 static const KVPolicyOps policy_window = {
-    .name = "window", .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
+    .name = "window",
+    .paper = "sliding window: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1",
+    .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
     .needs_budget = 1, .evicts = 1, .victims = window_victims,
 };
 
@@ -145,7 +149,9 @@ static void sink_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_sink = {
-    .name = "sink", .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
+    .name = "sink",
+    .paper = "StreamingLLM: Xiao et al. 2023, arXiv:2309.17453, section 3.2",
+    .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
     .options = "sinks=S (default 4)", .reason = "oldest after the sinks", .needs_budget = 1, .evicts = 1,
     .init = sink_init, .free = state_free, .victims = sink_victims, .describe = sink_describe,
 };
@@ -192,7 +198,9 @@ static void recent_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_h2o = {
-    .name = "h2o", .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
+    .name = "h2o",
+    .paper = "H2O: Zhang et al. 2023, arXiv:2306.14048, section 4, Algorithm 1",
+    .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
     .options = "recent=R (default N/2)", .reason = "lowest accumulated attention outside recent", .needs_budget = 1,
     .evicts = 1, .needs_attention = 1, .init = h2o_init, .free = state_free, .meta_bytes_per_slot = meta_4,
     .on_attend = h2o_on_attend, .victims = h2o_victims, .describe = recent_describe,
@@ -271,7 +279,7 @@ static void tova_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_tova = {
-    .name = "tova", .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
+    .name = "tova", .paper = "TOVA: Oren et al. 2024, Transformers are Multi-State RNNs, arXiv:2401.06104, section 3", .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
     .options = "per=lane|layer (default lane)", .reason = "lowest attention at the last step", .needs_budget = 1,
     .evicts = 1, .needs_attention = 1, .init = tova_init, .free = tova_free, .meta_bytes_per_slot = meta_4,
     .on_attend = tova_on_attend, .on_layer_done = tova_on_layer_done, .victims = tova_victims,
@@ -377,7 +385,7 @@ static void scissors_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_scissorhands = {
-    .name = "scissorhands",
+    .name = "scissorhands", .paper = "Scissorhands: Liu et al. 2023, arXiv:2305.17118, section 4",
     .summary = "scissorhands:N frees the tokens most often below 1/n attention over the last H steps (Scissorhands)",
     .options = "recent=R, history=H (default N/4 each), drop=M (default 1)",
     .reason = "most often below 1/n attention over the history", .needs_budget = 1, .evicts = 1,
@@ -442,7 +450,9 @@ static void lru_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_lru = {
-    .name = "lru", .summary = "lru:N evicts the token whose attention last reached thresh/(live slots) longest ago",
+    .name = "lru",
+    .paper = "least recently used, the classic cache policy, with use read from attention",
+    .summary = "lru:N evicts the token whose attention last reached thresh/(live slots) longest ago",
     .options = "thresh=T (default 1)", .reason = "least recently used", .needs_budget = 1, .evicts = 1,
     .needs_attention = 1, .init = lru_init, .free = state_free, .meta_bytes_per_slot = meta_4,
     .on_insert = lru_on_insert, .on_attend = lru_on_attend, .victims = lru_victims, .describe = lru_describe,
@@ -494,7 +504,9 @@ static void random_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_random = {
-    .name = "random", .summary = "random:N evicts a uniformly drawn token (counter-based, seed=K)",
+    .name = "random",
+    .paper = "uniform random eviction, the baseline of the eviction papers",
+    .summary = "random:N evicts a uniformly drawn token (counter-based, seed=K)",
     .options = "seed=K (default 1)", .reason = "random draw", .needs_budget = 1, .evicts = 1, .init = random_init,
     .free = state_free, .victims = random_victims, .describe = random_describe,
 };
@@ -590,7 +602,9 @@ static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_snapkv = {
-    .name = "snapkv", .summary = "snapkv:N compresses the prompt once to N tokens from its last obs queries (SnapKV)",
+    .name = "snapkv",
+    .paper = "SnapKV: Li et al. 2024, arXiv:2404.14469, section 4",
+    .summary = "snapkv:N compresses the prompt once to N tokens from its last obs queries (SnapKV)",
     .options = "obs=W (default 32), kernel=K (default 7), prefill=P (the prompt length; required in ppl)",
     .reason = "prompt compression: lowest pooled attention of the observation window", .needs_budget = 1,
     .evicts = 0, .grows = 1, .prompt_end = 1, .needs_attention = 1, .init = snap_init, .free = state_free,
@@ -610,6 +624,8 @@ const KVPolicyOps *kv_policy_find(const char *name) {
     for (int i = 0; i < N_POLICIES; i++) if (!strcmp(registry[i]->name, name)) return registry[i];
     return NULL;
 }
+
+const KVPolicyOps *kv_policy_at(int i) { return i >= 0 && i < N_POLICIES ? registry[i] : NULL; }
 
 const char *kv_policy_names(void) {
     static char names[256];

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -747,36 +748,183 @@ int parse_float(const char *s, double lo, double hi, double *out) {
     return 0;
 }
 
+/* The modes, and which flags each one reads: one table (FLAGS) drives the parser, the per-mode check, -h and
+ * README's flag table (./run -h flags prints it; tests/test_flags.sh checks README against it). */
 static const char *const MODES[] = {"generate", "chat", "ppl", "passkey", "bench", "tokenize", "detokenize"};
+#define N_MODES (int)(sizeof MODES / sizeof *MODES)
+enum { M_GEN = 1, M_CHAT = 2, M_PPL = 4, M_PASSKEY = 8, M_BENCH = 16, M_TOK = 32, M_DETOK = 64 };
+#define M_ALL 127
+#define M_CACHE (M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH)   /* the modes that run a KV cache */
+
+typedef struct {
+    const char *flag, *arg;   /* arg NULL: a switch without a value */
+    unsigned modes;           /* M_* bits of the modes that read it */
+    const char *help;
+} FlagDef;
+
+static const FlagDef FLAGS[] = {
+    {"-m", "MODE", M_ALL, "generate (default), chat, ppl, passkey, bench, tokenize, detokenize"},
+    {"-i", "TEXT", M_GEN | M_CHAT | M_TOK, "prompt or text (token ids on an ids-only model)"},
+    {"-f", "FILE", M_PPL | M_BENCH | M_TOK | M_DETOK,
+     "text (ppl: repeatable, one document each; bench: the prompt text, repeated; detokenize: ids)"},
+    {"-n", "N", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH,
+     "generate, chat: tokens to generate, default 256, 0 = up to the context; ppl: score at most N tokens; "
+     "passkey: answer tokens, default 8; bench: decode steps, default 32"},
+    {"-t", "T", M_GEN | M_CHAT, "temperature, default 1.0, 0 = greedy"},
+    {"-p", "P", M_GEN | M_CHAT, "top-p, default 0.9, in (0,1]"},
+    {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY, "seed: sampling (default: fresh each run, printed); passkey: the keys (default 1)"},
+    {"-c", "N", M_CACHE, "context: full's cache and the shadow's length, tokens; default: the trained context"},
+    {"-y", "TEXT", M_CHAT, "system prompt"},
+    {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
+    {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},
+    {"-kvlog", "FILE", M_GEN | M_CHAT, "eviction log, JSON lines"},
+    {"-d", "DEV", M_CACHE, "cpu or cuda, default cuda when usable (attention only, generate and chat)"},
+    {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH, "results, JSON lines, appended"},
+    {"-chunk", "N", M_PPL | M_PASSKEY, "tokens per batched step, default 1 (ppl), 32 (passkey); same results"},
+    {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
+    {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
+    {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
+    {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
+    {"-v", NULL, M_GEN | M_CHAT, "per-layer memory and policy detail"},
+    {"-h", NULL, M_ALL, "help: -h (this), -h policies (every method, its keys and paper), -h flags (README's table)"},
+};
+#define N_FLAGS (int)(sizeof FLAGS / sizeof *FLAGS)
+
+/* "generate, chat and tokenize" for a set of M_* bits */
+static void modes_list(char *buf, size_t cap, unsigned modes) {
+    int n = 0, k = 0;
+    for (int i = 0; i < N_MODES; i++) n += (modes >> i) & 1;
+    buf[0] = 0;
+    for (int i = 0; i < N_MODES; i++)
+        if ((modes >> i) & 1) {
+            size_t len = strlen(buf);
+            snprintf(buf + len, cap - len, "%s%s", k == 0 ? "" : k == n - 1 ? " and " : ", ", MODES[i]);
+            k++;
+        }
+}
 
 void usage(FILE *f) {
-    fprintf(f,
-            "usage: ./run MODEL.bin [options]\n"
-            "  -m MODE     generate (default) | chat | ppl | passkey | bench | tokenize | detokenize\n"
-            "  -i TEXT     prompt (generate, chat, tokenize)\n"
-            "  -f FILE     text (ppl: repeatable, one document each; tokenize: text; detokenize: ids)\n"
-            "  -n N        tokens to generate, default 256, 0 = up to the context\n"
-            "  -t T        temperature, default 1.0, 0 = greedy\n"
-            "  -p P        top-p, default 0.9, in (0,1]\n"
-            "  -s SEED     random seed, default: from the clock (printed)\n"
-            "  -c N        full cache and shadow length, tokens; default: the trained context\n"
-            "  -y TEXT     system prompt (chat)\n"
-            "  -ids        print token ids instead of text     -bos   add BOS (tokenize; ids-only models)\n"
-            "  -kv SPEC    KV policy, NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench\n"
-            "              policies: %s\n"
-            "              budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
-            "              keys: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, pos=orig|cache, agg=mean|max\n"
-            "  -kvt TYPE   default storage type, f32\n"
-            "  -kvlog F    eviction log, JSON lines\n"
-            "  -d DEV      cpu | cuda, default cuda when usable\n"
-            "  -o F        results, JSON lines\n"
-            "  -chunk N    batched evaluation chunk (ppl, passkey)\n"
-            "  -ppl-mode M stream (default) | chunked (llama.cpp's)\n"
-            "  -tokenlog F per-token NLL/KL per policy, JSON lines\n"
-            "  -v          per-layer memory and policy detail\n"
-            "  -h          this help\n"
-            "threads: OMP_NUM_THREADS\n",
-            kv_policy_names());
+    fprintf(f, "usage: ./run MODEL.bin [options]     (modes that read a flag in brackets)\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        char lhs[32], text[512];
+        snprintf(lhs, sizeof lhs, "%s%s%s", FLAGS[i].flag, FLAGS[i].arg ? " " : "", FLAGS[i].arg ? FLAGS[i].arg : "");
+        char modes[96] = "";
+        for (int m = 0; m < N_MODES && FLAGS[i].modes != M_ALL; m++)
+            if ((FLAGS[i].modes >> m) & 1) snprintf(modes + strlen(modes), sizeof modes - strlen(modes), " %s", MODES[m]);
+        snprintf(text, sizeof text, "%s [%s]", FLAGS[i].help, FLAGS[i].modes == M_ALL ? "all" : modes + 1);
+        /* wrapped at 100 columns, continuation lines under the text */
+        const char *p = text;
+        int first = 1;
+        while (*p) {
+            size_t len = strlen(p), cut = len;
+            if (len > 82) { cut = 82; while (cut > 0 && p[cut] != ' ') cut--; if (cut == 0) cut = 82; }
+            fprintf(f, "  %-15s %.*s\n", first ? lhs : "", (int)cut, p);
+            p += cut;
+            while (*p == ' ') p++;
+            first = 0;
+        }
+    }
+    fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
+               "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
+               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, pos=orig|cache, agg=mean|max\n"
+               "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
+}
+
+/* README's flag table, as markdown: a flag per row, a column per mode. */
+void usage_flags_markdown(FILE *f) {
+    fprintf(f, "| flag |");
+    for (int m = 0; m < N_MODES; m++) fprintf(f, " %s |", MODES[m]);
+    fprintf(f, " meaning |\n|---|");
+    for (int m = 0; m < N_MODES; m++) fprintf(f, ":-:|");
+    fprintf(f, "---|\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        fprintf(f, "| `%s%s%s` |", FLAGS[i].flag, FLAGS[i].arg ? " " : "", FLAGS[i].arg ? FLAGS[i].arg : "");
+        for (int m = 0; m < N_MODES; m++) fprintf(f, " %s |", (FLAGS[i].modes >> m) & 1 ? "x" : "");
+        fprintf(f, " %s |\n", FLAGS[i].help);
+    }
+}
+
+/* -h policies: every registered method with its keys, defaults and the paper it implements. */
+static void usage_policies(FILE *f) {
+    fprintf(f, "KV policies (-kv NAME[:BUDGET][,key=value...]; a budget is tokens per lane or bytes for the whole "
+               "cache, e.g. 64MiB):\n");
+    for (int i = 0; kv_policy_at(i); i++) {
+        const KVPolicyOps *p = kv_policy_at(i);
+        fprintf(f, "\n  %s%s\n    %s\n    keys: %s\n    source: %s\n", p->name, p->needs_budget ? ":BUDGET" : "",
+                p->summary, *p->options ? p->options : "none of its own", p->paper);
+    }
+    fprintf(f, "\nkeys every policy takes:\n"
+               "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4\n"
+               "  residual=R                the R newest tokens of a lane kept in f32 (KIVI's residual), default 0\n"
+               "  pos=orig|cache            RoPE by original position (default) or by rank in the cache (StreamingLLM)\n"
+               "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n");
+}
+
+static const FlagDef *flag_find(const char *a) {
+    for (int i = 0; i < N_FLAGS; i++) if (!strcmp(a, FLAGS[i].flag)) return &FLAGS[i];
+    if (!strcmp(a, "--help")) return flag_find("-h");
+    return NULL;
+}
+
+/* Store one flag's value into o. 0, or -1 + message. */
+static int option_set(Options *o, const char *a, const char *v, char *err, size_t errlen) {
+    long n;
+    double x;
+    if (!strcmp(a, "-m")) {
+        for (int k = 0; k < N_MODES; k++) if (!strcmp(v, MODES[k])) { o->mode = MODES[k]; return 0; }
+        return errorf(err, errlen, "unknown mode '-m %s'; modes: generate, chat, ppl, passkey, bench, tokenize, "
+                      "detokenize", v);
+    } else if (!strcmp(a, "-i")) { o->prompt = v;
+    } else if (!strcmp(a, "-f")) {
+        if (o->n_files == MAX_FILES) return errorf(err, errlen, "too many -f files (at most %d)", MAX_FILES);
+        o->files[o->n_files++] = v;
+    } else if (!strcmp(a, "-n")) {
+        if (parse_long(v, 0, 1 << 30, &n)) return errorf(err, errlen, "bad -n '%s': a token count in [0, %d]", v, 1 << 30);
+        o->steps = (int)n;
+        o->steps_set = 1;
+    } else if (!strcmp(a, "-t")) {
+        if (parse_float(v, 0, 100, &x)) return errorf(err, errlen, "bad -t '%s': a temperature in [0, 100]", v);
+        o->temperature = (float)x;
+    } else if (!strcmp(a, "-p")) {
+        if (parse_float(v, 0, 1, &x) || x == 0) return errorf(err, errlen, "bad -p '%s': top-p in (0, 1]", v);
+        o->topp = (float)x;
+    } else if (!strcmp(a, "-s")) {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(v, &end, 10);
+        if (errno || *end || end == v || *v < '0' || *v > '9')
+            return errorf(err, errlen, "bad -s '%s': a seed in [0, 2^64)", v);
+        o->seed = s;
+        o->seed_set = 1;
+    } else if (!strcmp(a, "-c")) {
+        if (parse_long(v, 1, 1 << 24, &n)) return errorf(err, errlen, "bad -c '%s': a context length in [1, %d]", v, 1 << 24);
+        o->ctx = (int)n;
+    } else if (!strcmp(a, "-y")) { o->system = v;
+    } else if (!strcmp(a, "-kv")) {
+        if (o->n_kv == MAX_POLICIES) return errorf(err, errlen, "too many -kv policies (at most %d)", MAX_POLICIES);
+        o->kv[o->n_kv++] = v;
+    } else if (!strcmp(a, "-kvt")) {
+        int ty = kv_type_parse(v);
+        if (ty < 0) return errorf(err, errlen, "unknown -kvt '%s'; types: f32, f16, bf16, q8, q4", v);
+        o->kvt = (KVType)ty;
+    } else if (!strcmp(a, "-kvlog")) { o->kvlog = v;
+    } else if (!strcmp(a, "-d")) {
+        if (strcmp(v, "cpu") && strcmp(v, "cuda")) return errorf(err, errlen, "unknown device '-d %s'; devices: cpu, cuda", v);
+        o->device = v;
+    } else if (!strcmp(a, "-o")) { o->out = v;
+    } else if (!strcmp(a, "-chunk")) {
+        if (parse_long(v, 1, 1 << 16, &n)) return errorf(err, errlen, "bad -chunk '%s': a chunk size in [1, 65536]", v);
+        o->chunk = (int)n;
+    } else if (!strcmp(a, "-ppl-mode")) {
+        if (strcmp(v, "stream") && strcmp(v, "chunked"))
+            return errorf(err, errlen, "unknown -ppl-mode '%s'; modes: stream, chunked", v);
+        o->ppl_mode = v;
+    } else if (!strcmp(a, "-tokenlog")) { o->tokenlog = v;
+    } else if (!strcmp(a, "-ids")) { o->print_ids = 1;
+    } else if (!strcmp(a, "-bos")) { o->add_bos = 1;
+    } else if (!strcmp(a, "-v")) { o->verbose = 1;
+    }
+    return 0;
 }
 
 int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
@@ -785,107 +933,55 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     o->steps = 256;
     o->temperature = 1.0f;
     o->topp = 0.9f;
-    o->seed_set = 0;
     o->kvt = KV_F32;
     o->device = "auto";
     o->ppl_mode = "stream";
     o->argc = argc;
     o->argv = argv;
     if (argc < 2) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");
-    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { o->help = 1; return 0; }
-    o->model_path = argv[1];
-    for (int i = 2; i < argc; i++) {
+    int first = 2;
+    if (flag_find(argv[1]) == flag_find("-h")) first = 1;   /* ./run -h [topic] */
+    else o->model_path = argv[1];
+    const FlagDef *given[N_FLAGS];
+    int n_given = 0;
+    for (int i = first; i < argc; i++) {
         const char *a = argv[i];
-        /* flags without a value */
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { o->help = 1; return 0; }
-        if (!strcmp(a, "-ids")) { o->print_ids = 1; continue; }
-        if (!strcmp(a, "-bos")) { o->add_bos = 1; continue; }
-        if (!strcmp(a, "-v")) { o->verbose = 1; continue; }
-        static const char *const with_value[] = {"-m", "-i", "-f", "-n", "-t", "-p", "-s", "-c", "-y", "-kv", "-kvt",
-                                                 "-kvlog", "-d", "-o", "-chunk", "-ppl-mode", "-tokenlog"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
-        if (!known)
-            return errorf(err, errlen, "unknown flag '%s' (-h lists the flags)", a);
-        if (i + 1 >= argc) return errorf(err, errlen, "flag %s needs a value (-h lists the flags)", a);
-        const char *v = argv[++i];
-        long n;
-        double x;
-        if (!strcmp(a, "-m")) {
-            int ok = 0;
-            for (size_t k = 0; k < sizeof MODES / sizeof *MODES; k++) ok |= !strcmp(v, MODES[k]);
-            if (!ok)
-                return errorf(err, errlen, "unknown mode '-m %s'; modes: generate, chat, ppl, passkey, bench, "
-                              "tokenize, detokenize", v);
-            o->mode = v;
-        } else if (!strcmp(a, "-i")) { o->prompt = v;
-        } else if (!strcmp(a, "-f")) {
-            if (o->n_files == MAX_FILES) return errorf(err, errlen, "too many -f files (at most %d)", MAX_FILES);
-            o->files[o->n_files++] = v;
-        } else if (!strcmp(a, "-n")) {
-            if (parse_long(v, 0, 1 << 30, &n)) return errorf(err, errlen, "bad -n '%s': a token count in [0, %d]", v, 1 << 30);
-            o->steps = (int)n;
-            o->steps_set = 1;
-        } else if (!strcmp(a, "-t")) {
-            if (parse_float(v, 0, 100, &x)) return errorf(err, errlen, "bad -t '%s': a temperature in [0, 100]", v);
-            o->temperature = (float)x;
-        } else if (!strcmp(a, "-p")) {
-            if (parse_float(v, 0, 1, &x) || x == 0) return errorf(err, errlen, "bad -p '%s': top-p in (0, 1]", v);
-            o->topp = (float)x;
-        } else if (!strcmp(a, "-s")) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || *end || end == v || *v < '0' || *v > '9')
-                return errorf(err, errlen, "bad -s '%s': a seed in [0, 2^64)", v);
-            o->seed = s;
-            o->seed_set = 1;
-        } else if (!strcmp(a, "-c")) {
-            if (parse_long(v, 1, 1 << 24, &n)) return errorf(err, errlen, "bad -c '%s': a context length in [1, %d]", v, 1 << 24);
-            o->ctx = (int)n;
-        } else if (!strcmp(a, "-y")) { o->system = v;
-        } else if (!strcmp(a, "-kv")) {
-            if (o->n_kv == MAX_POLICIES) return errorf(err, errlen, "too many -kv policies (at most %d)", MAX_POLICIES);
-            o->kv[o->n_kv++] = v;
-        } else if (!strcmp(a, "-kvt")) {
-            int ty = kv_type_parse(v);
-            if (ty < 0) return errorf(err, errlen, "unknown -kvt '%s'; types: f32, f16, bf16, q8, q4", v);
-            o->kvt = (KVType)ty;
-        } else if (!strcmp(a, "-kvlog")) { o->kvlog = v;
-        } else if (!strcmp(a, "-d")) {
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return errorf(err, errlen, "unknown device '-d %s'; devices: cpu, cuda", v);
-            o->device = v;
-        } else if (!strcmp(a, "-o")) { o->out = v;
-        } else if (!strcmp(a, "-chunk")) {
-            if (parse_long(v, 1, 1 << 16, &n)) return errorf(err, errlen, "bad -chunk '%s': a chunk size in [1, 65536]", v);
-            o->chunk = (int)n;
-        } else if (!strcmp(a, "-ppl-mode")) {
-            if (strcmp(v, "stream") && strcmp(v, "chunked"))
-                return errorf(err, errlen, "unknown -ppl-mode '%s'; modes: stream, chunked", v);
-            o->ppl_mode = v;
-            o->ppl_mode_set = 1;
-        } else if (!strcmp(a, "-tokenlog")) { o->tokenlog = v;
+        const FlagDef *fd = flag_find(a);
+        if (!fd) return errorf(err, errlen, "unknown flag '%s' (-h lists the flags)", a);
+        if (!strcmp(fd->flag, "-h")) {
+            o->help = "usage";
+            if (i + 1 < argc && (!strcmp(argv[i + 1], "policies") || !strcmp(argv[i + 1], "flags"))) o->help = argv[i + 1];
+            return 0;
         }
+        const char *v = NULL;
+        if (fd->arg) {
+            if (i + 1 >= argc) return errorf(err, errlen, "flag %s needs a value %s (-h lists the flags)", a, fd->arg);
+            v = argv[++i];
+        }
+        if (option_set(o, fd->flag, v, err, errlen)) return -1;
+        int seen = 0;
+        for (int k = 0; k < n_given; k++) seen |= given[k] == fd;
+        if (!seen) given[n_given++] = fd;
     }
-    /* conflicts */
-    int gen = !strcmp(o->mode, "generate") || !strcmp(o->mode, "chat");
+    if (!o->model_path) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");
+    /* every flag given must be one the mode reads: a flag that would be ignored is an error */
+    int mi = 0;
+    while (strcmp(MODES[mi], o->mode)) mi++;
+    for (int k = 0; k < n_given; k++)
+        if (!((given[k]->modes >> mi) & 1)) {
+            char modes[96];
+            modes_list(modes, sizeof modes, given[k]->modes);
+            return errorf(err, errlen, "%s is not used by -m %s (it is for %s)", given[k]->flag, o->mode, modes);
+        }
+    /* conflicts inside a mode */
     int multi = !strcmp(o->mode, "ppl") || !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench");
     if (o->n_kv > 1 && !multi)
         return errorf(err, errlen, "-kv given %d times: several policies run only in ppl, passkey and bench modes", o->n_kv);
-    if (o->system && strcmp(o->mode, "chat")) return errorf(err, errlen, "-y (system prompt) is for -m chat only");
     if (o->prompt && o->n_files && !strcmp(o->mode, "tokenize"))
         return errorf(err, errlen, "give the text with -i or -f, not both");
-    if (o->n_files && gen) return errorf(err, errlen, "-f is for ppl, tokenize and detokenize; give a prompt with -i");
     if (o->n_files > 1 && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-f is repeatable only in ppl mode");
-    if (o->kvlog && !gen) return errorf(err, errlen, "-kvlog is for generate and chat");
-    if (o->tokenlog && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-tokenlog is for -m ppl");
-    if (o->ppl_mode_set && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-ppl-mode is for -m ppl");
-    if (o->chunk && strcmp(o->mode, "ppl") && strcmp(o->mode, "passkey"))
-        return errorf(err, errlen, "-chunk is for ppl and passkey");
-    if (o->out && (gen || !strcmp(o->mode, "tokenize") || !strcmp(o->mode, "detokenize")))
-        return errorf(err, errlen, "-o is for ppl, passkey and bench");
-    if (o->n_kv && (!strcmp(o->mode, "tokenize") || !strcmp(o->mode, "detokenize")))
-        return errorf(err, errlen, "-kv has no effect on -m %s", o->mode);
+    if (o->tokenlog && !strcmp(o->ppl_mode, "chunked"))
+        return errorf(err, errlen, "-tokenlog is for -ppl-mode stream (chunked mode scores no shadow)");
     return 0;
 }
 
@@ -901,6 +997,47 @@ void fatal(const char *fmt, ...) {
     fprintf(stderr, "\n");
     va_end(ap);
     exit(EXIT_FAILURE);
+}
+
+/* Notes (not errors: "attention runs on the CPU") wait until the job starts, so an error always stands alone. */
+static char notes[1024];
+void run_note(const char *fmt, ...) {
+    size_t n = strlen(notes);
+    if (n + 16 >= sizeof notes) return;
+    n += (size_t)snprintf(notes + n, sizeof notes - n, "run: note: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(notes + n, sizeof notes - n - 1, fmt, ap);
+    va_end(ap);
+    strcat(notes, "\n");
+}
+void run_job_start(void) {
+    fputs(notes, stderr);
+    notes[0] = 0;
+}
+
+/* A seed when -s is not given: 8 bytes of /dev/urandom, or else the nanosecond clock and the process id mixed, so
+ * runs started in the same second draw different streams. */
+uint64_t seed_fresh(void) {
+    uint64_t x = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    int ok = f && fread(&x, sizeof x, 1, f) == 1;
+    if (f) fclose(f);
+    if (!ok) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        x = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
+        x = splitmix64(&x);
+    }
+    return x;
+}
+
+int run_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
 long peak_rss_kib(void) {
@@ -948,13 +1085,95 @@ int ids_parse(const char *text, int vocab, int **ids, size_t *n, char *err, size
     return 0;
 }
 
-void json_write_string_body(FILE *f, const char *s) {
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
+/* ---------------------------------------------------------------------------------------------------------------
+ * Output files (-o, -tokenlog, -kvlog): JSON lines, each composed in memory and written whole with write(2), so a
+ * reader (or an interrupted run) never sees half a record; a write error is an error exit.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+void line_printf(Line *l, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = l->cap - l->n;
+        int k = vsnprintf(l->cap ? l->s + l->n : NULL, room, fmt, ap);
+        va_end(ap);
+        if (k < 0) fatal("cannot format an output record");
+        if ((size_t)k < room) { l->n += (size_t)k; return; }
+        l->cap = 2 * (l->n + (size_t)k + 64);
+        l->s = realloc(l->s, l->cap);
+        if (!l->s) fatal("out of memory");
     }
 }
+
+void line_json_str(Line *l, const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') line_printf(l, "\\%c", *p);
+        else if (*p < 0x20) line_printf(l, "\\u%04x", *p);
+        else line_printf(l, "%c", *p);
+    }
+}
+
+void line_free(Line *l) { free(l->s); memset(l, 0, sizeof *l); }
+
+void outfile_open(OutFile *f, const char *flag, const char *path, int append) {
+    f->flag = flag;
+    f->path = path;
+    f->fd = open(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
+    if (f->fd < 0) fatal("cannot write %s '%s': %s", flag, path, strerror(errno));
+}
+
+void outfile_line(OutFile *f, Line *l) {
+    size_t off = 0;
+    while (f->fd >= 0 && off < l->n) {
+        ssize_t k = write(f->fd, l->s + off, l->n - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) fatal("cannot write %s '%s': %s", f->flag, f->path, k < 0 ? strerror(errno) : "nothing written");
+        off += (size_t)k;
+    }
+    l->n = 0;
+}
+
+void outfile_close(OutFile *f) {
+    if (f->fd >= 0 && close(f->fd)) fatal("cannot write %s '%s': %s", f->flag, f->path, strerror(errno));
+    f->fd = -1;
+}
+
+/* The command line as a shell would read it back: words with characters outside a safe set single-quoted. */
+void line_shell_words(Line *l, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int safe = *a != 0;
+        for (const char *p = a; *p; p++) safe &= strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                         "0123456789_./:=,+-@%", *p) != NULL;
+        if (i) line_printf(l, " ");
+        if (safe) { line_printf(l, "%s", a); continue; }
+        line_printf(l, "'");
+        for (const char *p = a; *p; p++) line_printf(l, *p == '\'' ? "'\\''" : "%c", *p);
+        line_printf(l, "'");
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * SIGINT and SIGTERM: the first one only sets run_signal; the long loops stop at their next token (or chunk)
+ * boundary, keep what they measured and exit 128 + the signal. A second one ends the process at once (the files stay
+ * whole: every record is written in one piece).
+ * ------------------------------------------------------------------------------------------------------------- */
+
+volatile sig_atomic_t run_signal = 0;
+
+static void on_signal(int sig) { run_signal = sig; }
+
+void run_catch_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;   /* no SA_RESTART: a read of stdin (chat) returns and the loop ends */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+const char *run_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
 char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -1002,7 +1221,8 @@ typedef struct {
     IdList stream;     /* every token fed so far, by position */
     int pos;           /* next position */
     int capacity;      /* tokens the cache can ever hold (full), or INT_MAX for evicting policies */
-    FILE *kvlog;
+    OutFile kvlog;
+    Line kvline;       /* the -kvlog record being composed */
     TokenDecoder dec;
     int print_ids;
     uint64_t seed;
@@ -1021,11 +1241,15 @@ static void kvlog_event(void *ctx, int pos_now, int layer, int kv_head, int evic
         n += tokdec_flush(&d, piece + n, sizeof piece - 8 - n);
         piece[n] = 0;
     }
-    fprintf(se->kvlog, "{\"step\":%d,\"layer\":%d,\"kv_head\":%d,\"evicted_pos\":%d,\"token_id\":%d,\"token\":\"",
-            pos_now, layer, kv_head, evicted_pos,
-            evicted_pos >= 0 && (size_t)evicted_pos < se->stream.n ? se->stream.ids[evicted_pos] : -1);
-    json_write_string_body(se->kvlog, piece);
-    fprintf(se->kvlog, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", score, reason);
+    Line *l = &se->kvline;
+    line_printf(l, "{\"kv\":\"");
+    line_json_str(l, se->cache.spec.text);
+    line_printf(l, "\",\"event\":\"evict\",\"step\":%d,\"layer\":%d,\"kv_head\":%d,\"evicted_pos\":%d,\"token_id\":%d,"
+                "\"token\":\"", pos_now, layer, kv_head, evicted_pos,
+                evicted_pos >= 0 && (size_t)evicted_pos < se->stream.n ? se->stream.ids[evicted_pos] : -1);
+    line_json_str(l, piece);
+    line_printf(l, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", score, reason);
+    outfile_line(&se->kvlog, l);
 }
 
 
@@ -1041,13 +1265,13 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
         kv_spec_check_mode(&spec, o->mode, err, sizeof err))
         fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
-    if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) fatal("-kv: %s", err);
+    if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) fatal("%s", err);
     se->capacity = se->cache.policy.ops->evicts ? INT_MAX : se->cache.budget;
     if (state_init_chunk(&se->s, c, PREFILL_CHUNK) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
         fatal("out of memory");
+    se->kvlog = (OutFile)OUTFILE_NONE;
     if (o->kvlog) {
-        se->kvlog = fopen(o->kvlog, "w");
-        if (!se->kvlog) fatal("cannot write -kvlog '%s': %s", o->kvlog, strerror(errno));
+        outfile_open(&se->kvlog, "-kvlog", o->kvlog, 0);
         se->cache.on_evict = kvlog_event;
         se->cache.evict_ctx = se;
     }
@@ -1056,7 +1280,8 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
 }
 
 static void session_free(Session *se) {
-    if (se->kvlog) fclose(se->kvlog);
+    outfile_close(&se->kvlog);
+    line_free(&se->kvline);
     kv_cache_free(&se->cache);
     state_free(&se->s);
     sampler_free(&se->sampler);
@@ -1072,35 +1297,50 @@ static int session_feed(Session *se, int token) {
     return 0;
 }
 
+/* Generated text goes to stdout without its control bytes (a model can emit ESC sequences or a bell): every byte
+ * below 0x20 but tab, newline and carriage return, and DEL, is dropped, as llama2.c's safe_printf drops unprintable
+ * single-byte pieces. -ids and -m detokenize give the exact ids and bytes. */
+static void emit_text(const char *buf, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)buf[i];
+        if ((c >= 0x20 && c != 0x7f) || c == '\t' || c == '\n' || c == '\r') putchar(c);
+    }
+    fflush(stdout);
+}
 static void emit_token(Session *se, int id) {
     if (se->print_ids) { printf("%d ", id); fflush(stdout); return; }
     char buf[TOKDEC_OUT_MAX];
-    size_t n = tokdec_push(&se->dec, id, buf, sizeof buf);
-    fwrite(buf, 1, n, stdout);
-    fflush(stdout);
+    emit_text(buf, tokdec_push(&se->dec, id, buf, sizeof buf));
 }
 static void emit_flush(Session *se) {
     if (!se->print_ids) {
         char buf[TOKDEC_OUT_MAX];
-        size_t n = tokdec_flush(&se->dec, buf, sizeof buf);
-        fwrite(buf, 1, n, stdout);
+        emit_text(buf, tokdec_flush(&se->dec, buf, sizeof buf));
     }
     printf("\n");
     fflush(stdout);
 }
 
+/* Generation ends at EOS, end of turn, the chat format's closing id, and BOS: a BOS the model generates starts a new
+ * text (llama2.c stops there too); on an ids-only model BOS is llama2.c's id 1. */
 static int is_stop(const Model *m, int id, int extra_stop) {
-    if (!m->has_tokenizer) return 0;
-    return id == m->tokenizer.eos_id || id == m->tokenizer.eot_id || (extra_stop >= 0 && id == extra_stop);
+    if (!m->has_tokenizer) return id == 1;
+    return id == m->tokenizer.eos_id || id == m->tokenizer.eot_id || (m->tokenizer.bos_id >= 0 && id == m->tokenizer.bos_id)
+           || (extra_stop >= 0 && id == extra_stop);
 }
 
-/* Prefill the prompt ids, then sample up to `steps` tokens (or until a stop id or a full cache), printing them.
- * feed_last: also feed the last sampled token, so the cache holds the whole answer (chat continues from it).
- * Returns 1 when the cache filled up. */
+/* How a generation ended. */
+enum { GEN_DONE = 0, GEN_FULL, GEN_SIGNAL, GEN_NO_ROOM };
+
+/* Prefill the prompt ids, then sample up to `steps` tokens (or until a stop id, a full cache or SIGINT/SIGTERM),
+ * printing them. feed_last: also feed the last sampled token, so the cache holds the whole answer (chat continues
+ * from it). Returns GEN_*; GEN_NO_ROOM (the prompt does not fit under full or snapkv, said on stderr) runs nothing. */
 static int session_generate(Session *se, const IdList *prompt, int steps, int extra_stop, int feed_last) {
-    if (se->capacity != INT_MAX && (size_t)se->pos + prompt->n > (size_t)se->capacity)
-        fatal("the prompt needs %zu more tokens but the cache holds %d (-c) under '%s', %d of them used; use a "
-              "larger -c or an evicting policy", prompt->n, se->capacity, se->cache.spec.text, se->pos);
+    if (se->capacity != INT_MAX && (size_t)se->pos + prompt->n > (size_t)se->capacity) {
+        fprintf(stderr, "run: the prompt needs %zu more tokens but the cache holds %d (-c) under '%s', %d of them "
+                "used; use a larger -c or an evicting policy\n", prompt->n, se->capacity, se->cache.spec.text, se->pos);
+        return GEN_NO_ROOM;
+    }
     double t0 = now_s();
     kv_set_prompt_len(&se->cache, se->pos + (int)prompt->n);   /* snapkv compresses at the end of the first prompt */
     /* batched prefill (bit-identical to feeding the tokens one by one); the stream first, for -kvlog's text */
@@ -1112,19 +1352,26 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
     se->n_prompt += (int)prompt->n;
     double t1 = now_s();
     se->t_prompt += t1 - t0;
-    int full = 0;
-    for (int k = 0; k < steps; k++) {
+    int end = run_signal ? GEN_SIGNAL : GEN_DONE;
+    for (int k = 0; k < steps && end == GEN_DONE; k++) {
         int next = sample(&se->sampler, se->s.logits);
-        if (is_stop(se->m, next, extra_stop)) break;
+        if (is_stop(se->m, next, extra_stop)) {
+            if (next == (se->m->has_tokenizer ? se->m->tokenizer.bos_id : 1))
+                fprintf(stderr, "\nrun: the model generated BOS (id %d), the start of a new text: generation stopped\n",
+                        next);
+            break;
+        }
         emit_token(se, next);
         se->n_gen++;
         if (k + 1 == steps && !feed_last) break;
-        if (session_feed(se, next)) { full = 1; break; }
+        if (session_feed(se, next)) end = GEN_FULL;
+        else if (run_signal) end = GEN_SIGNAL;
     }
     se->t_decode += now_s() - t1;
     emit_flush(se);
-    if (full) fprintf(stderr, "run: the cache is full (%d tokens, -c): generation stopped\n", se->capacity);
-    return full;
+    if (end == GEN_FULL) fprintf(stderr, "run: the cache is full (%d tokens, -c): generation stopped\n", se->capacity);
+    if (end == GEN_SIGNAL) fprintf(stderr, "run: %s: generation stopped\n", run_signal_name(run_signal));
+    return end;
 }
 
 static void print_summary(Session *se, const Options *o) {
@@ -1249,18 +1496,16 @@ static void print_start(const Session *se, const Options *o) {
     const Config *c = &se->m->config;
     char kvdesc[512];
     kv_describe(&se->cache, kvdesc, sizeof kvdesc);
-    fprintf(stderr, "run: %s: dim %d, %d layers, %d/%d heads, head_dim %d, vocab %d, ctx %d; kv %s; seed %llu; "
-            "threads %d\n", o->model_path, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
-            c->seq_len, kvdesc, (unsigned long long)se->seed,
-#ifdef _OPENMP
-            omp_get_max_threads()
-#else
-            1
-#endif
-    );
+    run_job_start();
+    int th = run_threads();
+    fprintf(stderr, "run: %s: dim %d, %d layers, %d/%d heads, head_dim %d, vocab %d, ctx %d, RoPE theta %g, RMSNorm "
+            "eps %g; kv %s; seed %llu; %d thread%s\n", o->model_path, c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
+            c->head_dim, c->vocab_size, c->seq_len, c->rope_theta, c->norm_eps, kvdesc, (unsigned long long)se->seed, th,
+            th == 1 ? "" : "s");
 }
 
-static void run_chat(Session *se, const Options *o) {
+/* Chat turns until stdin ends (or one with -i). Returns how the last generation ended (GEN_*). */
+static int run_chat(Session *se, const Options *o) {
     const Model *m = se->m;
     ChatFormat fmt = chat_format(m);
     if (fmt == CHAT_NONE) fatal("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
@@ -1270,42 +1515,50 @@ static void run_chat(Session *se, const Options *o) {
     char line[8192];
     int interactive = isatty(fileno(stdin));
     print_start(se, o);
-    for (int turn = 0;; turn++) {
+    int end = GEN_DONE;
+    for (int turn = 0; !run_signal; turn++) {
         const char *user;
         if (turn == 0 && o->prompt) user = o->prompt;
         else {
             if (interactive) { fprintf(stderr, "user> "); fflush(stderr); }
-            if (!fgets(line, sizeof line, stdin)) break;
+            if (!fgets(line, sizeof line, stdin)) break;   /* end of input, or a signal (no SA_RESTART) */
             line[strcspn(line, "\n")] = 0;
             user = line;
         }
         IdList ids = {0};
         int stop = chat_render(&ids, m, fmt, system, user, turn == 0);
         if (interactive) { fprintf(stderr, "assistant> "); fflush(stderr); }
-        int full = session_generate(se, &ids, o->steps ? o->steps : INT_MAX, stop, 1);
+        end = session_generate(se, &ids, o->steps ? o->steps : INT_MAX, stop, 1);
         free(ids.ids);
         /* close the assistant's turn in the cache as the template renders it: ChatML "<|im_end|>\n", Llama 3
            "<|eot_id|>" (Llama 2 closes with EOS, which the next turn's BOS follows) */
-        if (!full && stop >= 0) {
+        if (end == GEN_DONE && stop >= 0) {
             IdList close = {0};
             ids_push(&close, stop);
             if (fmt == CHAT_CHATML) ids_append_text(&close, m, "\n");
-            for (size_t i = 0; i < close.n && !full; i++) full = session_feed(se, close.ids[i]) != 0;
+            for (size_t i = 0; i < close.n && end == GEN_DONE; i++) if (session_feed(se, close.ids[i])) end = GEN_FULL;
             free(close.ids);
         }
-        if (full || o->prompt) break;   /* -i: one question, one answer; without it, turns come from stdin */
+        if (end != GEN_DONE || o->prompt) break;   /* -i: one question, one answer; without it, turns come from stdin */
     }
+    if (run_signal && end == GEN_DONE) {
+        fprintf(stderr, "run: %s: chat stopped\n", run_signal_name(run_signal));
+        end = GEN_SIGNAL;
+    }
+    return end;
 }
 
-static void run_generate(Session *se, const Options *o) {
+/* Returns how the generation ended (GEN_*). */
+static int run_generate(Session *se, const Options *o) {
     const Model *m = se->m;
     IdList prompt = {0};
     char err[256];
     if (!m->has_tokenizer) {
         /* ids-only model: -i takes ids; BOS is llama2.c's id 1 */
-        if (o->add_bos || !o->prompt) ids_push(&prompt, 1);
+        if (o->add_bos) ids_push(&prompt, 1);
         if (o->prompt && parse_ids(o->prompt, m->config.vocab_size, &prompt, err, sizeof err))
             fatal("-i on an ids-only model takes token ids: %s", err);
+        if (prompt.n == 0) ids_push(&prompt, 1);   /* no -i, or -i "": generation starts from BOS */
     } else {
         int bos = m->tokenizer.add_bos || o->add_bos;
         if (bos && m->tokenizer.bos_id >= 0) ids_push(&prompt, m->tokenizer.bos_id);
@@ -1324,8 +1577,9 @@ static void run_generate(Session *se, const Options *o) {
     int ctx = o->ctx ? o->ctx : m->config.seq_len;
     int steps = o->steps ? o->steps : se->capacity != INT_MAX ? INT_MAX
                                     : (ctx > (int)prompt.n ? ctx - (int)prompt.n + 1 : 1);
-    session_generate(se, &prompt, steps, -1, 0);
+    int end = session_generate(se, &prompt, steps, -1, 0);
     free(prompt.ids);
+    return end;
 }
 
 static void run_tokenize(Model *m, const Options *o) {
@@ -1380,39 +1634,52 @@ int main(int argc, char **argv) {
         fprintf(stderr, "run: %s\n", err);
         return EXIT_FAILURE;
     }
-    if (o.help) { usage(stdout); return 0; }
+    if (o.help) {
+        if (!strcmp(o.help, "policies")) usage_policies(stdout);
+        else if (!strcmp(o.help, "flags")) usage_flags_markdown(stdout);
+        else usage(stdout);
+        return finish_output();
+    }
     Model m;
     if (model_open(&m, o.model_path, err, sizeof err)) fatal("%s", err);
     if (!strcmp(o.mode, "tokenize")) { run_tokenize(&m, &o); model_close(&m); return finish_output(); }
     if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return finish_output(); }
     if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
                           o.model_path);
+    /* every -kv spec is checked before anything runs or any note is printed */
+    for (int k = 0; k < o.n_kv; k++) {
+        KVSpec spec;
+        if (kv_spec_parse(&spec, o.kv[k], o.kvt, err, sizeof err) || kv_spec_check_mode(&spec, o.mode, err, sizeof err))
+            fatal("-kv: %s", err);
+    }
     /* the device: -d cpu, -d cuda, or (default) cuda when this build has it and a GPU is usable */
     char dev_name[256], why[256];
     int cuda = strcmp(o.device, "cpu") && attn_cuda_usable(dev_name, sizeof dev_name, why, sizeof why);
     if (!cuda && !strcmp(o.device, "cuda")) fatal("-d cuda: %s; use -d cpu", why);
-    if (!cuda && ATTN_CUDA_BUILT && strcmp(o.device, "cpu"))
-        fprintf(stderr, "run: note: %s: attention runs on the CPU\n", why);
+    if (!cuda && ATTN_CUDA_BUILT && strcmp(o.device, "cpu")) run_note("%s: attention runs on the CPU", why);
     if (cuda && strcmp(o.mode, "generate") && strcmp(o.mode, "chat"))
-        fprintf(stderr, "run: note: -m %s runs attention on the CPU (the CUDA path serves generate and chat)\n", o.mode);
-    if (!strcmp(o.mode, "ppl")) { run_ppl(&m, &o); model_close(&m); return finish_output(); }
-    if (!strcmp(o.mode, "bench")) { run_bench(&m, &o); model_close(&m); return finish_output(); }
-    if (!strcmp(o.mode, "passkey")) { run_passkey(&m, &o); model_close(&m); return finish_output(); }
-    if (o.ctx > m.config.seq_len)
-        fprintf(stderr, "run: note: -c %d is past the trained context of %d tokens\n", o.ctx, m.config.seq_len);
-    uint64_t seed = o.seed_set ? o.seed : (uint64_t)time(NULL);
-    Session se;
-    session_init(&se, &m, &o, seed);
-    if (cuda && attn_dev_attach(&se.cache, err, sizeof err)) {
-        if (!strcmp(o.device, "cuda")) fatal("-d cuda: %s", err);
-        fprintf(stderr, "run: note: %s: attention runs on the CPU\n", err);
+        run_note("-m %s runs attention on the CPU (the CUDA path serves generate and chat)", o.mode);
+    if (o.ctx > m.config.seq_len) run_note("-c %d is past the trained context of %d tokens", o.ctx, m.config.seq_len);
+    run_catch_signals();
+    int rc = 0;
+    if (!strcmp(o.mode, "ppl")) rc = run_ppl(&m, &o);
+    else if (!strcmp(o.mode, "bench")) rc = run_bench(&m, &o);
+    else if (!strcmp(o.mode, "passkey")) rc = run_passkey(&m, &o);
+    else {
+        Session se;
+        session_init(&se, &m, &o, o.seed_set ? o.seed : seed_fresh());
+        if (cuda && attn_dev_attach(&se.cache, err, sizeof err)) {
+            if (!strcmp(o.device, "cuda")) fatal("-d cuda: %s", err);
+            run_note("%s: attention runs on the CPU", err);
+        }
+        int end = !strcmp(o.mode, "chat") ? run_chat(&se, &o) : run_generate(&se, &o);
+        print_summary(&se, &o);
+        attn_dev_detach(&se.cache);
+        session_free(&se);
+        rc = end == GEN_SIGNAL ? 128 + run_signal : end == GEN_NO_ROOM ? EXIT_FAILURE : 0;
     }
-    if (!strcmp(o.mode, "chat")) run_chat(&se, &o);
-    else run_generate(&se, &o);
-    print_summary(&se, &o);
-    attn_dev_detach(&se.cache);
-    session_free(&se);
     model_close(&m);
-    return finish_output();
+    int out_rc = finish_output();
+    return rc ? rc : out_rc;
 }
 #endif

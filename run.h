@@ -7,6 +7,7 @@
 #define KVLAB_RUN_H
 
 #include <limits.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -109,7 +110,8 @@ typedef struct {
     int n_files;
     const char *kv[MAX_POLICIES];
     int n_kv;
-    int steps, steps_set, ppl_mode_set, ctx, chunk, print_ids, add_bos, verbose, help, seed_set;
+    int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, seed_set;
+    const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;
     unsigned long long seed;
     KVType kvt;
@@ -170,18 +172,47 @@ int ids_parse(const char *text, int vocab, int **ids, size_t *n, char *err, size
 /* The command line (DESIGN.md's CLI). 0, or -1 + message naming the bad flag or value. Never exits. */
 int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen);
 void usage(FILE *f);
+/* README's flag table (markdown): which mode reads which flag. */
+void usage_flags_markdown(FILE *f);
 
 long peak_rss_kib(void);
+int run_threads(void);   /* OpenMP threads a parallel region uses (1 without OpenMP) */
 double now_s(void);
 /* Print "run: message" on stderr and exit non-zero (main's way out; parsers return errors instead). */
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));   /* monotonic clock, seconds */
 /* Read a whole file (NUL-terminated copy, length in *len); exits with a message on error. */
 char *read_file(const char *path, size_t *len);
-/* Evaluation modes (eval.c). */
-void run_ppl(Model *m, const Options *o);
-void run_bench(Model *m, const Options *o);
-void run_passkey(Model *m, const Options *o);
-void json_write_string_body(FILE *f, const char *s);
+/* Evaluation modes (eval.c). Each returns the exit status: 0, or 128 + the signal when SIGINT/SIGTERM stopped it
+ * (what it measured up to then is printed and written, marked partial). */
+int run_ppl(Model *m, const Options *o);
+int run_bench(Model *m, const Options *o);
+int run_passkey(Model *m, const Options *o);
+/* The passkey answer's score: the first run of decimal digits in text as a number (leading zeros dropped, at most 9
+ * digits read), or -1 when text has no digit. */
+long passkey_first_integer(const char *text);
+/* A note for stderr, held until run_job_start() prints the pending ones (so errors found first stand alone). */
+void run_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void run_job_start(void);
+/* A seed for a run without -s: different for runs started at the same moment. */
+uint64_t seed_fresh(void);
+
+/* One JSON line being composed (grown as needed), and a file it is written to whole (-o, -tokenlog, -kvlog). */
+typedef struct { char *s; size_t n, cap; } Line;
+typedef struct { int fd; const char *flag, *path; } OutFile;   /* fd -1: not open, lines are dropped */
+#define OUTFILE_NONE {-1, NULL, NULL}
+void line_printf(Line *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void line_json_str(Line *l, const char *s);                 /* s as the body of a JSON string, escaped */
+void line_shell_words(Line *l, int argc, char **argv);     /* argv as a shell command, quoted where needed */
+void line_free(Line *l);
+/* Open path for `flag` (named in errors): append (-o) or truncate. Exits with a message on error. */
+void outfile_open(OutFile *f, const char *flag, const char *path, int append);
+/* Write l in one piece and empty it; exits with a message on a write error. */
+void outfile_line(OutFile *f, Line *l);
+void outfile_close(OutFile *f);
+/* SIGINT/SIGTERM: the first sets run_signal (the signal number); loops stop at their next boundary. */
+extern volatile sig_atomic_t run_signal;
+void run_catch_signals(void);
+const char *run_signal_name(int sig);
 int run_errorf(char *err, size_t errlen, const char *fmt, ...);
 
 #endif

@@ -195,11 +195,11 @@ expect "-d cuda in a CPU build"  "no CUDA|cuda"                    "$RUN" "$R" -
 expect "no model path, a flag first" "unknown flag '5'|cannot open model '-n'" "$RUN" -n 5
 # --- conflicting flags ---
 expect "-i and -f in tokenize"   "with -i or -f, not both"         "$RUN" "$V" -m tokenize -i a -f "$d/ids.txt"
-expect "-f in generate"          "-f is for ppl, tokenize and detokenize" "$RUN" "$R" -f "$d/ids.txt"
-expect "-f in chat"              "-f is for ppl, tokenize and detokenize" "$RUN" "$V" -m chat -f "$d/ids.txt"
+expect "-f in generate"          "-f is not used by -m generate" "$RUN" "$R" -f "$d/ids.txt"
+expect "-f in chat"              "-f is not used by -m chat" "$RUN" "$V" -m chat -f "$d/ids.txt"
 expect "-f twice in detokenize"  "repeatable only in ppl"          "$RUN" "$V" -m detokenize -f "$d/ids.txt" -f "$d/ids.txt"
 expect "two -kv in chat"         "several policies run only in"    "$RUN" "$V" -m chat -kv full -kv window:8 -i hi
-expect "-y in generate"          "for -m chat only"                "$RUN" "$V" -y sys -i hi
+expect "-y in generate"          "-y is not used by -m generate"   "$RUN" "$V" -y sys -i hi
 many_f=(); for i in $(seq 65); do many_f+=(-f "$d/ids.txt"); done
 expect "65 -f files"             "too many -f files"               "$RUN" "$R" -m ppl "${many_f[@]}"
 many_kv=(); for i in $(seq 33); do many_kv+=(-kv window:8); done

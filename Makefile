@@ -46,8 +46,8 @@ REPLAYS := $(patsubst tests/fuzz/fuzz_%.c,$(TESTBIN)/replay_%,$(wildcard tests/f
 HDRS    := $(wildcard *.h) $(BUILD)/cuda.flag
 
 .PHONY: all test debug test-debug fuzz model clean bench FORCE
-all: $(OUT)/run $(OUT)/export
-	@echo "kvlab: built $(OUT)/run and $(OUT)/export (CPU$(if $(OMP), + OpenMP,); CUDA: $(CUDA_MSG))"
+all: $(OUT)/run $(OUT)/export tools
+	@echo "kvlab: built $(OUT)/run, $(OUT)/export and the tools in $(BUILD)/ (CPU$(if $(OMP), + OpenMP,); CUDA: $(CUDA_MSG))"
 
 $(OUT)/run: $(ENGINE_O) $(BUILD)/run.o $(CUDA_O)
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)
@@ -104,7 +104,7 @@ FUZZ_SECONDS ?= 600
 fuzz: all
 	tools/fuzz.sh -t $(FUZZ_SECONDS)
 
-# Tools (not part of ./run): build/bw, the read bandwidth; build/kl_models, KL and perplexity of two model files on one
+# Tools (not part of ./run; `make` builds them too): build/bw, the read bandwidth; build/kl_models, KL and perplexity of two model files on one
 # token stream; build/attn_bench, the CPU attention alone on SmolLM2's attention shape (kv_attend_cpu, or kv_attend_chunk with -chunk). `make bench` runs tools/bench.sh (SmolLM2 decode f32/q8 against the bandwidth limit, batched ppl).
 .PHONY: tools
 tools: $(BUILD)/bw $(BUILD)/kl_models $(BUILD)/attn_bench

@@ -187,7 +187,7 @@ static const struct { const char *name; int type; int ignore_merges; } PRE_NAMES
 void tokenizer_free(Tokenizer *t) {
     if (!t) return;
     free(t->scores); free(t->types); free(t->text); free(t->piece); free(t->str);
-    free(t->arena); free(t->str_hash); free(t->merge);
+    free(t->arena); free(t->str_hash); free(t->merge); free(t->special);
     memset(t, 0, sizeof *t);
     t->bos_id = t->eos_id = t->eot_id = t->pad_id = t->unk_id = -1;
     t->chat_template = "";
@@ -205,6 +205,40 @@ static int bpe_text_to_bytes(const int16_t *cp2byte, const unsigned char *s, siz
         i += (size_t)k;
     }
     *n_out = o;
+    return 0;
+}
+
+typedef struct { uint32_t len; int id; } SpecialKey;
+
+static int special_before(const void *a, const void *b) {   /* longer text first, then lower id */
+    const SpecialKey *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The tokens tokenizer_encode_special splits out of text: llama.cpp's cache_special_tokens (types CONTROL,
+ * USER_DEFINED, UNKNOWN), sorted by text length, longest first. A token with empty text is left out (llama.cpp would
+ * match it at every offset and never advance). */
+static int build_special(Tokenizer *t) {
+    int n = 0;
+    for (int i = 0; i < t->vocab_size; i++) {
+        int ty = t->types[i];
+        if ((ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED || ty == TOKEN_UNKNOWN) && t->text[i].len > 0) n++;
+    }
+    if (n == 0) return 0;
+    SpecialKey *k = malloc((size_t)n * sizeof *k);
+    t->special = malloc((size_t)n * sizeof *t->special);
+    if (!k || !t->special) { free(k); return -1; }
+    n = 0;
+    for (int i = 0; i < t->vocab_size; i++) {
+        int ty = t->types[i];
+        if ((ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED || ty == TOKEN_UNKNOWN) && t->text[i].len > 0)
+            k[n++] = (SpecialKey){t->text[i].len, i};
+    }
+    qsort(k, (size_t)n, sizeof *k, special_before);
+    for (int i = 0; i < n; i++) t->special[i] = k[i].id;
+    t->n_special = n;
+    free(k);
     return 0;
 }
 
@@ -411,6 +445,7 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
         for (size_t i = 0; i < sizeof eot_texts / sizeof eot_texts[0] && t->eot_id < 0; i++)
             t->eot_id = tokenizer_find(t, eot_texts[i]);
     }
+    if (build_special(t)) goto oom;
     t->chat_template = t->arena;   /* the first string put in the arena; the arena does not move any more */
     if (t->kind == TOKENIZER_BPE) {   /* what an invalid byte without a token of its own becomes */
         int *ids;
@@ -791,6 +826,27 @@ static int bpe_encode(Enc *e, const unsigned char *text, size_t len) {
     return e->oom ? -1 : 0;
 }
 
+/* One piece of plain text, appended to e's ids: SentencePiece with its dummy prefix, or byte-level BPE. */
+static void encode_plain(Enc *e, const unsigned char *text, size_t len) {
+    if (e->t->kind == TOKENIZER_SPM) spm_encode(e, text, len);
+    else bpe_encode(e, text, len);
+}
+
+/* The end of encoding: free the scratch, hand the ids over (or the error). */
+static int encode_finish(Enc *e, size_t len, int **ids, size_t *n_ids, char *err, size_t errlen) {
+    free(e->sym);
+    free(e->heap);
+    if (e->oom) {
+        free(e->ids);
+        set_err(err, errlen, "out of memory encoding %zu bytes", len);
+        return -1;
+    }
+    if (e->n_ids == 0) { free(e->ids); e->ids = NULL; }
+    *ids = e->ids;
+    *n_ids = e->n_ids;
+    return 0;
+}
+
 int tokenizer_encode(const Tokenizer *t, const unsigned char *text, size_t len, int add_bos, int **ids,
                      size_t *n_ids, char *err, size_t errlen) {
     Enc e = {0};
@@ -801,19 +857,87 @@ int tokenizer_encode(const Tokenizer *t, const unsigned char *text, size_t len, 
         if (t->bos_id < 0) { set_err(err, errlen, "add_bos: the vocabulary has no BOS token"); return -1; }
         emit(&e, t->bos_id);
     }
-    if (t->kind == TOKENIZER_SPM) spm_encode(&e, text, len);
-    else bpe_encode(&e, text, len);
-    free(e.sym);
-    free(e.heap);
-    if (e.oom) {
-        free(e.ids);
-        set_err(err, errlen, "out of memory encoding %zu bytes", len);
-        return -1;
+    encode_plain(&e, text, len);
+    return encode_finish(&e, len, ids, n_ids, err, errlen);
+}
+
+/* The first occurrence of p (m > 0 bytes) in h (n bytes), or NULL: memchr for the first byte, then memcmp (memmem
+ * is not standard C). O(n * m) at worst, O(n) on text that rarely holds p's first byte. */
+static const unsigned char *find_bytes(const unsigned char *h, size_t n, const unsigned char *p, size_t m) {
+    if (m == 0 || n < m) return NULL;
+    const unsigned char *last = h + (n - m);
+    while (h <= last) {
+        const unsigned char *c = memchr(h, p[0], (size_t)(last - h) + 1);
+        if (!c) return NULL;
+        if (memcmp(c + 1, p + 1, m - 1) == 0) return c;
+        h = c + 1;
     }
-    if (e.n_ids == 0) { free(e.ids); e.ids = NULL; }
-    *ids = e.ids;
-    *n_ids = e.n_ids;
+    return NULL;
+}
+
+/* A fragment of the text being split: plain text (id -1) or one occurrence of special token id. */
+typedef struct { size_t off, len; int id; } Frag;
+
+typedef struct { Frag *f; size_t n, cap; } FragList;
+
+static int frag_push(FragList *l, size_t off, size_t len, int id) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        Frag *f = realloc(l->f, cap * sizeof *f);
+        if (!f) return -1;
+        l->f = f; l->cap = cap;
+    }
+    l->f[l->n++] = (Frag){off, len, id};
     return 0;
+}
+
+int tokenizer_encode_special(const Tokenizer *t, const unsigned char *text, size_t len, int add_bos, int **ids,
+                             size_t *n_ids, char *err, size_t errlen) {
+    *ids = NULL;
+    *n_ids = 0;
+    if (add_bos && t->bos_id < 0) { set_err(err, errlen, "add_bos: the vocabulary has no BOS token"); return -1; }
+    /* split: each special token in turn (longest first) cuts every plain fragment at each of its occurrences,
+     * leftmost first, as llama.cpp's tokenizer_st_partition does; the list is rebuilt only when it matched */
+    FragList cur = {0}, next = {0};
+    int oom = len > 0 && frag_push(&cur, 0, len, -1);
+    for (int s = 0; s < t->n_special && !oom; s++) {
+        int id = t->special[s];
+        const unsigned char *pat = (const unsigned char *)t->arena + t->text[id].off;
+        size_t plen = t->text[id].len;
+        int hit = 0;
+        next.n = 0;
+        for (size_t i = 0; i < cur.n && !oom; i++) {
+            Frag f = cur.f[i];
+            if (f.id >= 0 || f.len < plen) { oom |= hit && frag_push(&next, f.off, f.len, f.id); continue; }
+            size_t pos = f.off, end = f.off + f.len;
+            for (;;) {
+                const unsigned char *m = find_bytes(text + pos, end - pos, pat, plen);
+                if (!m) break;
+                if (!hit) {   /* first match of this token: copy the fragments before this one */
+                    hit = 1;
+                    for (size_t k = 0; k < i && !oom; k++) oom |= frag_push(&next, cur.f[k].off, cur.f[k].len, cur.f[k].id);
+                }
+                size_t at = (size_t)(m - text);
+                if (at > pos) oom |= frag_push(&next, pos, at - pos, -1);
+                oom |= frag_push(&next, at, plen, id);
+                pos = at + plen;
+            }
+            if (hit && pos < end) oom |= frag_push(&next, pos, end - pos, -1);
+        }
+        if (hit) { FragList tmp = cur; cur = next; next = tmp; }
+    }
+    free(next.f);
+    Enc e = {0};
+    e.t = t;
+    e.oom = oom;
+    if (add_bos) emit(&e, t->bos_id);
+    /* encode: an occurrence is its id, plain text as tokenizer_encode would encode it alone */
+    for (size_t i = 0; i < cur.n && !e.oom; i++) {
+        if (cur.f[i].id >= 0) emit(&e, cur.f[i].id);
+        else encode_plain(&e, text + cur.f[i].off, cur.f[i].len);
+    }
+    free(cur.f);
+    return encode_finish(&e, len, ids, n_ids, err, errlen);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------

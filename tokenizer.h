@@ -2,9 +2,11 @@
  * (docs/FORMAT.md): SentencePiece BPE (kind 1: Llama 2, TinyLlama, llama2.c tokenizer.bin) and byte-level BPE
  * (kind 2: GPT-2, SmolLM, Llama 3). The goal is id-for-id agreement with llama.cpp's tokenizer (commit c392e50,
  * src/llama-vocab.cpp and src/unicode.cpp) on valid UTF-8, and a defined, lossless result on any other bytes.
- * It does not parse special-token text out of user input (chat markers are inserted by the caller as ids), does not
- * split user-defined tokens (type 4) out of the text first as llama.cpp does (no supported vocabulary has any), and
- * does not implement WordPiece, Unigram or RWKV vocabularies. */
+ * Two encoders: tokenizer_encode reads all of its input as plain text (special-token text such as "<|im_end|>" in
+ * user input stays ordinary text; llama.cpp's parse_special = false, except that it does not split user-defined
+ * tokens (type 4) out of the text first as llama.cpp does: no supported vocabulary has any), and
+ * tokenizer_encode_special recognizes special-token text (llama.cpp's parse_special = true), for a rendered chat
+ * template. It does not implement WordPiece, Unigram or RWKV vocabularies. */
 #ifndef KVLAB_TOKENIZER_H
 #define KVLAB_TOKENIZER_H
 #include <stddef.h>
@@ -61,6 +63,8 @@ typedef struct {
     size_t max_token_bytes;  /* longest encode-side token text, bytes (bounds SentencePiece lookups) */
     int replacement[4];   /* (n_replacement) byte-level BPE: the tokens of U+FFFD, for invalid bytes without a token */
     int n_replacement;
+    int *special;         /* (n_special) the tokens tokenizer_encode_special matches, longest text first */
+    int n_special;
 } Tokenizer;
 
 /* Parse a model.bin tokenizer section (docs/FORMAT.md, "Tokenizer section"): `section` points at its first byte,
@@ -81,6 +85,28 @@ void tokenizer_free(Tokenizer *t);
  * and a message in err. Time O(len log len), memory O(len). */
 int tokenizer_encode(const Tokenizer *t, const unsigned char *text, size_t len, int add_bos, int **ids,
                      size_t *n_ids, char *err, size_t errlen);
+
+/* Encode `len` raw bytes in which special-token text is recognized, as llama.cpp's tokenize does with
+ * parse_special = true (src/llama-vocab.cpp, tokenizer_st_partition and tokenize, commit c392e50): for a chat
+ * template rendered to one string. The special tokens are those of type CONTROL, USER_DEFINED or UNKNOWN with a
+ * non-empty text (llama.cpp's cache_special_tokens; so "<unk>" is one too); a token's text is matched byte for byte
+ * as stored (tokenizer_find's text). They are taken longest text first (equal lengths: lower id first, where
+ * llama.cpp's order is unspecified; it matters only when two such texts of one length overlap in the input); each
+ * splits every text fragment still unclaimed at each of its occurrences, leftmost first and non-overlapping, and a
+ * match never spans two fragments. Each occurrence becomes the token's id; each plain fragment between them is
+ * encoded exactly as tokenizer_encode encodes it alone (same byte handling), so with a SentencePiece dummy prefix
+ * every fragment, the one after a special token included, starts with its own "▁" (llama.cpp prefixes a fragment
+ * when the previous fragment was special or it is the first, and two plain fragments are never adjacent); byte-level
+ * BPE adds no prefix. add_bos: put bos_id first (a "<s>" in the text is then a second BOS, as in llama.cpp). Not
+ * done: llama.cpp's LSTRIP/RSTRIP whitespace trimming around special tokens, which it sets by model or pre-tokenizer
+ * name (Phi-3's markers, Jina v2's "<mask>") and kvlab's section does not record; and llama.cpp's retyping to CONTROL
+ * of an EOT/EOM/FIM marker it finds by text but that is stored with another type (types are used as stored; in the
+ * Llama 2, GPT-2 and SmolLM2 vocabularies such markers are CONTROL already). Output, return value and errors as
+ * tokenizer_encode.
+ * Time: the split searches the text once per special token (O(n_special * len); O(n_special * len * the longest
+ * special text) at worst), then the encoding as tokenizer_encode; memory O(len). */
+int tokenizer_encode_special(const Tokenizer *t, const unsigned char *text, size_t len, int add_bos, int **ids,
+                             size_t *n_ids, char *err, size_t errlen);
 
 /* The bytes token `id` decodes to (its piece), *len bytes, not NUL-terminated; NULL with *len = 0 for an id out of
  * range. Control, unknown and unused tokens decode to nothing: that is llama.cpp's token_to_piece(special=false),

@@ -1,9 +1,12 @@
 /* test_tokenizer: the tokenizers against hand-computed cases on tiny in-memory vocabularies (no arguments), and
  * against llama.cpp's ids on real vocabularies (arguments, see usage; tests/test_tokenizer.sh supplies them).
  * Checks: merge order and tie-breaks, byte fallback for every invalid byte, lossless round trips on any bytes,
- * streaming decode == decode at once, user text never becoming a special token, section parse errors.
+ * streaming decode == decode at once, user text never becoming a special token, section parse errors; and
+ * tokenizer_encode_special (special-token text parsed as llama.cpp's parse_special = true) on both kinds.
  * Usage: test_tokenizer
  *        test_tokenizer MODEL.bin NAME CORPUS.txt IDS.txt [REF.inp REF.out]
+ *        test_tokenizer --special MODEL.bin NAME [PROMPTS.txt GREEDY.txt [SPECIAL.txt]]   (tokenizer_encode_special;
+ *            NAME smollm2, llama-spm or gpt2 selects that vocabulary's cases)
  *        test_tokenizer --bench MODEL.bin [TEXT_FILE]     (prints figures, asserts nothing; tools/bench_tokenizer.sh) */
 #include "tokenizer.h"
 #include "check.h"
@@ -112,10 +115,13 @@ static const struct { const char *text; float score; } SPM_PIECES[] = {
     {"aa", -5}, {"\xE2\x96\x81" "a", -0.5f}, {"\xC3\xA4", -6}, {"\xE4\xBD\xA0", -7},
 };
 
-static Buf spm_section(int add_prefix) {
+typedef struct { const char *text; int type; } Extra;
+
+/* the SentencePiece vocabulary below, then `n_extra` more tokens (ids from SPM_NI + 1 on) */
+static Buf spm_section_ex(int add_prefix, const Extra *extra, int n_extra) {
     Buf b = {0};
     buf_u32(&b, TOKENIZER_SPM);
-    buf_u32(&b, 3 + 256 + (uint32_t)(sizeof SPM_PIECES / sizeof SPM_PIECES[0]));
+    buf_u32(&b, 3 + 256 + (uint32_t)(sizeof SPM_PIECES / sizeof SPM_PIECES[0]) + (uint32_t)n_extra);
     int32_t sp[5] = {1, 2, -1, -1, 0};
     for (int i = 0; i < 5; i++) buf_u32(&b, (uint32_t)sp[i]);
     buf_u32(&b, 1); buf_u32(&b, (uint32_t)add_prefix);
@@ -132,9 +138,11 @@ static Buf spm_section(int add_prefix) {
     }
     for (size_t i = 0; i < sizeof SPM_PIECES / sizeof SPM_PIECES[0]; i++)
         buf_token(&b, SPM_PIECES[i].score, TOKEN_NORMAL, SPM_PIECES[i].text, strlen(SPM_PIECES[i].text));
+    for (int i = 0; i < n_extra; i++) buf_token(&b, 0, extra[i].type, extra[i].text, strlen(extra[i].text));
     buf_u32(&b, 0);
     return b;
 }
+static Buf spm_section(int add_prefix) { return spm_section_ex(add_prefix, NULL, 0); }
 enum { SPM_BYTE0 = 3, SPM_SP = 259, SPM_A, SPM_B, SPM_C, SPM_AB, SPM_BC, SPM_ABC, SPM_AA, SPM_SPA, SPM_AUML, SPM_NI };
 
 /* GPT-2 byte-to-unicode, written independently of tokenizer.c */
@@ -193,6 +201,74 @@ static void expect(const Tokenizer *t, const char *name, const char *s, size_t n
 }
 #define EXPECT(t, name, s, ...) do { int w_[] = {__VA_ARGS__}; \
         expect(t, name, s, sizeof(s) - 1, w_, sizeof w_ / sizeof w_[0]); } while (0)
+
+static int encode_sp(const Tokenizer *t, const void *s, size_t n, int add_bos, int **ids, size_t *nids) {
+    char err[256];
+    int rc = tokenizer_encode_special(t, s, n, add_bos, ids, nids, err, sizeof err);
+    if (rc) printf("encode_special error: %s\n", err);
+    return rc;
+}
+
+static void expect_sp(const Tokenizer *t, const char *name, const char *s, size_t n, int add_bos, const int *want,
+                      size_t nwant) {
+    int *ids; size_t nids;
+    int ok = encode_sp(t, s, n, add_bos, &ids, &nids) == 0 && ids_equal(ids, nids, want, nwant);
+    CHECK(ok, "%s", name);
+    if (!ok) { print_ids("want", want, nwant); print_ids("got", ids, nids); }
+    free(ids);
+}
+/* tokenizer_encode_special of a string literal (no BOS) against the listed ids */
+#define EXPECT_SP(t, name, s, ...) do { int w_[] = {__VA_ARGS__}; \
+        expect_sp(t, name, s, sizeof(s) - 1, 0, w_, sizeof w_ / sizeof w_[0]); } while (0)
+
+/* 1 when tokenizer_encode_special gives what tokenizer_encode gives (text with no special-token text in it) */
+static int special_same_as_plain(const Tokenizer *t, const void *s, size_t n) {
+    int *a, *b; size_t na, nb;
+    if (encode(t, s, n, &a, &na)) return 0;
+    if (encode_sp(t, s, n, 0, &b, &nb)) { free(a); return 0; }
+    int ok = ids_equal(a, na, b, nb);
+    if (!ok) { print_ids("plain  ", a, na); print_ids("special", b, nb); }
+    free(a); free(b);
+    return ok;
+}
+
+/* Text given as parts, each either a marker (a token's exact text, looked up with tokenizer_find) or plain text:
+ * tokenizer_encode_special of the parts joined must be the markers' ids with each plain part encoded alone by
+ * tokenizer_encode (the partition rule, stated independently of how tokenizer.c finds the markers). */
+typedef struct { int marker; const char *s; } Part;
+#define MK(x) {1, x}
+#define TX(x) {0, x}
+static int parts_rule(const Tokenizer *t, const Part *p, size_t np, Buf *text, int **want, size_t *nwant) {
+    text->n = 0;
+    size_t cap = 64, n = 0;
+    int *w = malloc(cap * sizeof *w);
+    for (size_t i = 0; i < np; i++) {
+        buf_put(text, p[i].s, strlen(p[i].s));
+        int *ids = NULL; size_t k = 0;
+        if (p[i].marker) {
+            int id = tokenizer_find(t, p[i].s);
+            if (id < 0) { printf("    no token '%s'\n", p[i].s); free(w); return -1; }
+            ids = malloc(sizeof *ids); ids[0] = id; k = 1;
+        } else if (encode(t, p[i].s, strlen(p[i].s), &ids, &k)) { free(w); return -1; }
+        while (n + k > cap) w = realloc(w, (cap *= 2) * sizeof *w);
+        if (k) memcpy(w + n, ids, k * sizeof *ids);
+        n += k;
+        free(ids);
+    }
+    *want = w; *nwant = n;
+    return 0;
+}
+static void expect_parts(const Tokenizer *t, const char *name, const Part *p, size_t np) {
+    Buf text = {0};
+    int *want = NULL, *ids = NULL; size_t nw = 0, n = 0;
+    int ok = parts_rule(t, p, np, &text, &want, &nw) == 0 && encode_sp(t, text.p, text.n, 0, &ids, &n) == 0 &&
+             ids_equal(ids, n, want, nw);
+    CHECK(ok, "%s", name);
+    if (!ok) { print_ids("rule", want, nw); print_ids("got ", ids, n); }
+    free(want); free(ids); free(text.p);
+}
+#define EXPECT_PARTS(t, name, ...) do { Part p_[] = {__VA_ARGS__}; \
+        expect_parts(t, name, p_, sizeof p_ / sizeof p_[0]); } while (0)
 
 static void unit_tests(void) {
     char err[256];
@@ -256,8 +332,63 @@ static void unit_tests(void) {
     CHECK(tokenizer_find(&t, "<s>") == 1 && tokenizer_find(&t, "</s>") == 2 && tokenizer_find(&t, "nope") == -1,
           "spm: tokenizer_find");
     CHECK(t.eot_id == -1 && tokenizer_is_eog(&t, 2) && !tokenizer_is_eog(&t, 1), "spm: end of generation ids");
+    /* tokenizer_encode_special: llama.cpp's parse_special = true */
+    EXPECT_SP(&t, "spm special: a control token's text is its id; the fragment after it gets the dummy prefix",
+              "a</s>b", SPM_SPA, 2, SPM_SP, SPM_B);
+    EXPECT_SP(&t, "spm special: the unknown token's text is matched too (llama.cpp's cache_special_tokens)",
+              "<unk>", 0);
+    EXPECT_SP(&t, "spm special: adjacent markers, no text between", "</s></s><s>", 2, 2, 1);
+    EXPECT_SP(&t, "spm special: a marker cut short is text", "</s", SPM_SP, SPM_BYTE0 + '<', SPM_BYTE0 + '/',
+              SPM_BYTE0 + 's');
+    EXPECT_SP(&t, "spm special: spaces around a marker stay in the fragments", " a</s> ", SPM_SP, SPM_SPA, 2, SPM_SP,
+              SPM_SP);
+    {
+        int w1[] = {1, 1, SPM_SPA}, w2[] = {1};
+        expect_sp(&t, "spm special: add_bos and a \"<s>\" in the text give two BOS (as llama.cpp)", "<s>a", 4, 1,
+                  w1, 3);
+        expect_sp(&t, "spm special: empty text with BOS is just BOS", "", 0, 1, w2, 1);
+        int *ids; size_t n;
+        CHECK(encode_sp(&t, "", 0, 0, &ids, &n) == 0 && n == 0 && ids == NULL, "spm special: empty text, no ids");
+    }
+    {
+        static const char *plain[] = {"abc", "a a", "\xE2\x82\xAC", "a\0b", "\xC3\xC3\xA4", "<0x41>", "< /s>", " ",
+                                      "\x80<\xFF"};
+        int ok = 1;
+        for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+            ok &= special_same_as_plain(&t, plain[i], strlen(plain[i]) + (i == 3 ? 2 : 0));
+        CHECK(ok, "spm special: text without special-token text encodes as tokenizer_encode (byte tokens' text "
+              "\"<0x41>\" included: type 6 is not special)");
+    }
     tokenizer_free(&t);
-
+    {
+        Buf s0 = spm_section(0);
+        CHECK(tokenizer_init(&t, s0.p, s0.n, err, sizeof err) == 0, "spm no prefix: parses (%s)", err);
+        EXPECT_SP(&t, "spm special, no dummy prefix: no \"▁\" before any fragment", "a</s>b", SPM_A, 2, SPM_B);
+        tokenizer_free(&t);
+        free(s0.p);
+    }
+    {
+        /* the partition rule: longest special text first over the whole text, then leftmost, non-overlapping */
+        enum { X = SPM_NI + 1, XY, AXA, UNUSED, EMPTY, NORMAL };
+        static const Extra extra[] = {{"<x>", TOKEN_CONTROL}, {"x><y", TOKEN_CONTROL}, {"aXa", TOKEN_USER_DEFINED},
+                                      {"<u>", TOKEN_UNUSED}, {"", TOKEN_CONTROL}, {"<n>", TOKEN_NORMAL}};
+        Buf sx = spm_section_ex(1, extra, 6);
+        CHECK(tokenizer_init(&t, sx.p, sx.n, err, sizeof err) == 0, "spm extra specials: parses (%s)", err);
+        int order[] = {0, 2, XY, 1, X, AXA};   /* <unk>; </s>, x><y; <s>, <x>, aXa */
+        CHECK(t.n_special == 6 && memcmp(t.special, order, sizeof order) == 0,
+              "spm extra specials: 6 matched tokens, longest text first, equal lengths by id (empty text, unused, "
+              "normal left out)");
+        EXPECT_SP(&t, "spm special: the longer special wins over an earlier shorter one (\"<x><y>\")", "<x><y>",
+                  SPM_SP, SPM_BYTE0 + '<', XY, SPM_SP, SPM_BYTE0 + '>');
+        EXPECT_SP(&t, "spm special: repeated occurrences", "<x><x>", X, X);
+        EXPECT_SP(&t, "spm special: leftmost occurrence first, non-overlapping (\"aXaXa\")", "aXaXa", AXA, SPM_SP,
+                  SPM_BYTE0 + 'X', SPM_A);
+        EXPECT_SP(&t, "spm special: a user-defined token is matched", "baXa", SPM_SP, SPM_B, AXA);
+        int ok = special_same_as_plain(&t, "<u>", 3) && special_same_as_plain(&t, "<n>", 3);
+        CHECK(ok, "spm special: unused and normal tokens' texts stay text");
+        tokenizer_free(&t);
+        free(sx.p);
+    }
     /* every truncation of the section is an error, never a crash (run under make debug for the memory side) */
     int all_fail = 1;
     for (size_t n = 0; n < s.n; n++) {
@@ -296,6 +427,13 @@ static void unit_tests(void) {
         free(ids);
     }
     CHECK(all, "bpe: every lone byte 0x80..0xFF is its byte token");
+    EXPECT_SP(&t, "bpe special: the marker is its id, no prefix on the fragments", "hi<|im_end|>hi", BPE_HI, BPE_IMEND,
+              BPE_HI);
+    EXPECT_SP(&t, "bpe special: a space before a word after the marker stays with the word", " hi<|im_end|> hi",
+              BPE_SPHI, BPE_IMEND, BPE_SPHI);
+    CHECK(special_same_as_plain(&t, "<|im_end|", 9) && special_same_as_plain(&t, "aaaaa", 5) &&
+          special_same_as_plain(&t, "a\x80" "a\xFF", 4), "bpe special: text without the marker encodes as "
+          "tokenizer_encode");
     tokenizer_free(&t);
     Buf bs = bpe_section("smollm");
     CHECK(tokenizer_init(&t, bs.p, bs.n, err, sizeof err) == 0, "bpe smollm: parses (%s)", err);
@@ -374,7 +512,7 @@ static size_t parse_ids(const char *s, int **ids) {
 }
 
 /* one case: encode and compare with llama.cpp's ids; decode both id lists and compare with the text */
-typedef struct { size_t cases, mismatches, roundtrip_fail, ref_decode_fail; } Tally;
+typedef struct { size_t cases, mismatches, roundtrip_fail, ref_decode_fail, special_mismatches; } Tally;
 
 static void check_case(const Tokenizer *t, const char *name, const char *text, size_t len, const int *want,
                        size_t nwant, Tally *tl, size_t lineno) {
@@ -397,6 +535,10 @@ static void check_case(const Tokenizer *t, const char *name, const char *text, s
     if (!(a.n == len && (len == 0 || memcmp(a.p, text, len) == 0)))
         if (tl->ref_decode_fail++ < 3) printf("  %s case %zu: decoding llama.cpp's ids differs\n", name, lineno);
     free(a.p); free(b.p); free(ids);
+    /* no case holds special-token text, so parse_special = true changes nothing in llama.cpp: nor may it here */
+    if (encode_sp(t, text, len, 0, &ids, &nids) || !ids_equal(ids, nids, want, nwant))
+        if (tl->special_mismatches++ < 3) printf("  %s case %zu: tokenizer_encode_special differs\n", name, lineno);
+    free(ids);
 }
 
 static void golden_corpus(const Tokenizer *t, const char *name, const char *corpus, const char *idsf) {
@@ -423,6 +565,8 @@ static void golden_corpus(const Tokenizer *t, const char *name, const char *corp
           name, tl.cases, tl.roundtrip_fail);
     CHECK(tl.ref_decode_fail == 0, "%s: decoding llama.cpp's ids gives the text back (%zu fail)", name,
           tl.ref_decode_fail);
+    CHECK(tl.special_mismatches == 0, "%s: tokenizer_encode_special gives llama.cpp's ids on all %zu strings too "
+          "(none holds special-token text; %zu mismatches)", name, tl.cases, tl.special_mismatches);
     free(c); free(ip);
 }
 
@@ -450,6 +594,8 @@ static void reference_cases(const Tokenizer *t, const char *name, const char *in
     CHECK(tl.cases > 0 && tl.mismatches == 0, "%s: llama.cpp's test-tokenizer-0 cases: %zu, %zu mismatches", name,
           tl.cases, tl.mismatches);
     CHECK(tl.roundtrip_fail == 0, "%s: test-tokenizer-0 cases round trip (%zu fail)", name, tl.roundtrip_fail);
+    CHECK(tl.special_mismatches == 0, "%s: test-tokenizer-0 cases through tokenizer_encode_special (%zu mismatches)",
+          name, tl.special_mismatches);
     free(in); free(out);
 }
 
@@ -560,6 +706,157 @@ static void vocab_properties(const Tokenizer *t, const char *name) {
     CHECK_LE(worst, 5.0, "%s: 30,000 'a' and 30,000 digits encode (and round trip), slowest %.3f s", name, worst);
 }
 
+/* ---- tokenizer_encode_special on real vocabularies (--special) ---- */
+
+/* every special token's text alone is its id; between two words it is the id between their plain encodings */
+static void special_each_token(const Tokenizer *t, const char *name) {
+    int ok = 1;
+    for (int i = 0; i < t->n_special; i++) {
+        int id = t->special[i];
+        char s[TOKENIZER_MAX_TOKEN_BYTES + 8];
+        size_t n = t->text[id].len;
+        memcpy(s, t->arena + t->text[id].off, n);
+        int *ids, *a, *b; size_t k, na, nb;
+        if (encode_sp(t, s, n, 0, &ids, &k) || k != 1 || ids[0] != id) ok = 0;
+        free(ids);
+        memmove(s + 2, s, n); s[0] = 'x'; s[1] = ' '; s[n + 2] = ' '; s[n + 3] = 'y';
+        if (encode(t, "x ", 2, &a, &na) || encode(t, " y", 2, &b, &nb) || encode_sp(t, s, n + 4, 0, &ids, &k) ||
+            k != na + 1 + nb || memcmp(ids, a, na * sizeof *a) || ids[na] != id || memcmp(ids + na + 1, b, nb * sizeof *b))
+            ok = 0;
+        free(a); free(b); free(ids);
+    }
+    CHECK(ok && t->n_special > 0, "%s special: each of the %d special tokens' texts alone is its id, and between "
+          "\"x \" and \" y\" it sits between their own encodings", name, t->n_special);
+}
+
+/* prompts.txt (comments skipped) against greedy.txt's "prompt N ids:" lines: llama.cpp, parse_special = true */
+static void special_prompts(const Tokenizer *t, const char *prompts, const char *greedy) {
+    size_t np, ng;
+    char *p = (char *)read_file(prompts, &np), *g = (char *)read_file(greedy, &ng);
+    if (!p || !g) { CHECK(0, "smollm2 special: read %s and %s", prompts, greedy); free(p); free(g); return; }
+    int n = 0;
+    for (char *line = p; *line; ) {
+        char *e = strchr(line, '\n');
+        if (!e) break;
+        if (*line != '#') {
+            size_t len = unescape(line, (size_t)(e - line));
+            char key[32];
+            snprintf(key, sizeof key, "prompt %d ids:", n);
+            char *k = strstr(g, key);
+            int *want = NULL, *ids = NULL; size_t nw = 0, nid = 0;
+            if (k) nw = parse_ids(k + strlen(key), &want);
+            int chatml = len >= 12 && memcmp(line, "<|im_start|>", 12) == 0;
+            int ok = k && nw > 0 && encode_sp(t, line, len, 0, &ids, &nid) == 0 && ids_equal(ids, nid, want, nw);
+            CHECK(ok, "smollm2 special: prompt %d (%s) gives llama.cpp's %zu ids (greedy.txt, parse_special = true)", n,
+                  chatml ? "ChatML, special markers" : "plain text", nw);
+            if (!ok) { print_ids("llama.cpp", want, nw); print_ids("kvlab    ", ids, nid); }
+            free(want); free(ids);
+            n++;
+        }
+        line = e + 1;
+    }
+    CHECK(n == 5, "smollm2 special: %d prompts read from %s", n, prompts);
+    free(p); free(g);
+}
+
+/* special.txt: "text ESCAPED" / "ids ..." pairs from Hugging Face tokenizers (tools/gen_special_golden.py) */
+static void special_hf_golden(const Tokenizer *t, const char *path) {
+    size_t n;
+    char *f = (char *)read_file(path, &n);
+    if (!f) { CHECK(0, "smollm2 special: read %s", path); return; }
+    size_t cases = 0, bad = 0;
+    char *text = NULL; size_t tlen = 0;
+    for (char *line = f; *line; ) {
+        char *e = strchr(line, '\n');
+        if (!e) break;
+        *e = 0;
+        if (strncmp(line, "text ", 5) == 0) { text = line + 5; tlen = unescape(text, (size_t)(e - text)); }
+        else if (strncmp(line, "ids ", 4) == 0 && text) {
+            int *want, *ids = NULL; size_t nw = parse_ids(line + 4, &want), nid = 0;
+            cases++;
+            if (encode_sp(t, text, tlen, 0, &ids, &nid) || !ids_equal(ids, nid, want, nw)) {
+                if (bad++ < 3) {
+                    printf("  case %zu: \"%.*s\"\n", cases, (int)(tlen < 100 ? tlen : 100), text);
+                    print_ids("HF   ", want, nw); print_ids("kvlab", ids, nid);
+                }
+            }
+            free(want); free(ids);
+            text = NULL;
+        }
+        line = e + 1;
+    }
+    CHECK(cases >= 10 && bad == 0, "smollm2 special: %zu cases against Hugging Face tokenizers (%s), %zu mismatches",
+          cases, path, bad);
+    free(f);
+}
+
+#define SMOL_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+static void special_smollm2(const Tokenizer *t, const char *prompts, const char *greedy, const char *hf) {
+    special_prompts(t, prompts, greedy);
+    /* the reported case: a user turn starting with "\n\n", rendered whole */
+    static const char chat[] = "<|im_start|>system\n" SMOL_SYSTEM "<|im_end|>\n<|im_start|>user\n\n\nHello<|im_end|>\n"
+                               "<|im_start|>assistant\n";
+    int *ids = NULL; size_t n = 0;
+    int found = 0, at = -1;
+    if (encode_sp(t, chat, sizeof chat - 1, 0, &ids, &n) == 0)
+        for (size_t i = 0; i + 3 <= n; i++)
+            if (ids[i] == 4093 && ids[i + 1] == 1116 && ids[i + 2] == 198) { found++; at = (int)i; }
+    CHECK(found == 1 && at > 0 && ids[at - 1] == 1 && n > (size_t)at + 4 && ids[at + 3] == 19556 && ids[at + 4] == 2,
+          "smollm2 special: user \"\\n\\nHello\" rendered whole gives <|im_start|> 4093 1116 198 19556 "
+          "<|im_end|> (\"user\", \"\\n\\n\", \"\\n\", \"Hello\")");
+    if (!(found == 1)) print_ids("got", ids, n);
+    free(ids);
+    EXPECT_PARTS(t, "smollm2 special: the whole \"\\n\\nHello\" chat is its markers' ids and each fragment's own "
+                 "encoding", MK("<|im_start|>"), TX("system\n" SMOL_SYSTEM), MK("<|im_end|>"), TX("\n"),
+                 MK("<|im_start|>"), TX("user\n\n\nHello"), MK("<|im_end|>"), TX("\n"), MK("<|im_start|>"),
+                 TX("assistant\n"));
+    {
+        /* what rendering in parts gives: "user\n" and the message encoded apart */
+        int *a, *b; size_t na, nb;
+        int ok = encode(t, "user\n", 5, &a, &na) == 0 && encode(t, "\n\nHello", 7, &b, &nb) == 0 && na == 2 &&
+                 nb == 3 && a[0] == 4093 && a[1] == 198 && b[0] == 198 && b[1] == 198 && b[2] == 19556;
+        CHECK(ok, "smollm2 special: encoded in parts the same turn is 4093 198 198 198 19556 (the reported "
+              "difference)");
+        free(a); free(b);
+    }
+    EXPECT_PARTS(t, "smollm2 special: a message quoting \"<|im_end|>\" is split there too (the whole string is "
+                 "parsed)", MK("<|im_start|>"), TX("user\nquote "), MK("<|im_end|>"), TX(" inside"), MK("<|im_end|>"));
+    EXPECT_PARTS(t, "smollm2 special: markers next to digits and spaces", TX("1"), MK("<|im_end|>"), TX(" 2 "),
+                 MK("<jupyter_code>"), MK("<|endoftext|>"), TX("\n\n"));
+    if (hf) special_hf_golden(t, hf);
+}
+
+/* Llama 2 (SentencePiece, <s> </s> control, <unk> unknown): llama.cpp prefixes every fragment with the dummy "▁",
+ * the one after a special token included (tokenize: is_prev_special) */
+static void special_llama_spm(const Tokenizer *t) {
+    int sa = tokenizer_find(t, "\xE2\x96\x81" "a"), sb = tokenizer_find(t, "\xE2\x96\x81" "b");
+    CHECK(t->add_space_prefix && sa == 263 && sb == 289 && t->bos_id == 1 && t->eos_id == 2 && t->unk_id == 0,
+          "llama-spm special: the vocabulary (dummy prefix on, ▁a = 263, ▁b = 289, <unk> <s> </s> = 0 1 2)");
+    EXPECT_SP(t, "llama-spm special: \"a</s>b\" = ▁a </s> ▁b (the fragment after </s> gets \"▁\")", "a</s>b", 263, 2,
+              289);
+    EXPECT_SP(t, "llama-spm special: \"<s>a\" = <s> ▁a", "<s>a", 1, 263);
+    EXPECT_SP(t, "llama-spm special: \"<unk>\" is the unknown token (type UNKNOWN is matched)", "<unk>", 0);
+    {
+        int w[] = {1, 1, 263};
+        expect_sp(t, "llama-spm special: add_bos before a \"<s>\" in the text: two BOS", "<s>a", 4, 1, w, 3);
+    }
+    EXPECT_PARTS(t, "llama-spm special: \"Hello</s>\\n<s>World\" by the rule", TX("Hello"), MK("</s>"), TX("\n"),
+                 MK("<s>"), TX("World"));
+    EXPECT_PARTS(t, "llama-spm special: spaces on both sides of a marker stay in the fragments", TX(" a "), MK("</s>"),
+                 TX(" b"));
+    EXPECT_PARTS(t, "llama-spm special: a marker inside a word", TX("<s"), MK("</s>"), TX(">"));
+    CHECK(special_same_as_plain(t, "[INST] hi [/INST]", 17) && special_same_as_plain(t, "<0x41>", 6) &&
+          special_same_as_plain(t, "< s>", 4), "llama-spm special: \"[INST]\" (text in Llama 2), byte tokens' text "
+          "\"<0x41>\" and \"< s>\" stay text");
+}
+
+static void special_gpt2(const Tokenizer *t) {
+    EXPECT_SP(t, "gpt2 special: \"a<|endoftext|>b\" = a <|endoftext|> b (no prefix)", "a<|endoftext|>b", 64, 50256, 65);
+    EXPECT_PARTS(t, "gpt2 special: spaces around the marker by the rule", TX("Hello "), MK("<|endoftext|>"),
+                 TX(" world"));
+}
+
 /* peak resident memory so far, KiB (Linux /proc; -1 elsewhere) */
 static long peak_rss_kib(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -620,6 +917,20 @@ static int bench(const char *model, const char *textf) {
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "--bench") == 0) return bench(argv[2], argc > 3 ? argv[3] : NULL);
     if (argc == 1) { unit_tests(); CHECK_EXIT(); }
+    if (argc >= 4 && strcmp(argv[1], "--special") == 0) {
+        Tokenizer t;
+        unsigned char *file;
+        if (load_vocab(&t, argv[2], &file)) return 1;
+        const char *name = argv[3];
+        special_each_token(&t, name);
+        if (strcmp(name, "smollm2") == 0 && argc == 7) special_smollm2(&t, argv[4], argv[5], argv[6]);
+        else if (strcmp(name, "smollm2") == 0 && argc == 6) special_smollm2(&t, argv[4], argv[5], NULL);
+        else if (strcmp(name, "llama-spm") == 0) special_llama_spm(&t);
+        else if (strcmp(name, "gpt2") == 0) special_gpt2(&t);
+        tokenizer_free(&t);
+        free(file);
+        CHECK_EXIT();
+    }
     if (argc != 5 && argc != 7) {
         fprintf(stderr, "usage: test_tokenizer [MODEL.bin NAME CORPUS.txt IDS.txt [REF.inp REF.out]]\n");
         return 2;

@@ -3,6 +3,8 @@
 # files are written by ./export --vocab-only from ../shared/data/vocab (SKIP when absent); SmolLM2 comes from
 # models/smollm2-135m-instruct.bin (`make model`; SKIP when absent). tests/golden/tokenizer/README: see
 # tests/golden/README.md. The unit tests on tiny in-memory vocabularies run as BIN_DIR/test_tokenizer alone.
+# `--special` runs check tokenizer_encode_special (special-token text parsed) on each vocabulary: SmolLM2 against
+# llama.cpp's prompt ids (tests/golden/smollm2/greedy.txt) and Hugging Face tokenizers' (special.txt).
 set -u
 cd "$(dirname "$0")/.."
 bin=${1:-tests/bin}
@@ -21,11 +23,15 @@ for v in gpt-2:gpt2 llama-spm:llama-spm; do
         rc=1; continue
     fi
     "$bin/test_tokenizer" "$out" "$name" $gold/corpus.txt $gold/$name.ids "$gguf.inp" "$gguf.out" || rc=1
+    "$bin/test_tokenizer" --special "$out" "$name" || rc=1
 done
 smol=models/smollm2-135m-instruct.bin
+sg=tests/golden/smollm2
 if [ -f "$smol" ]; then
     "$bin/test_tokenizer" "$smol" smollm2 $gold/corpus.txt $gold/smollm2.ids || rc=1
+    "$bin/test_tokenizer" --special "$smol" smollm2 $sg/prompts.txt $sg/greedy.txt $sg/special.txt || rc=1
 else
     echo "SKIP tokenizer smollm2: $smol not found (make model)"
+    echo "SKIP tokenizer_encode_special smollm2 (llama.cpp and Hugging Face goldens): $smol not found (make model)"
 fi
 exit $rc

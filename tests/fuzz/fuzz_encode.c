@@ -1,7 +1,8 @@
 /* fuzz_encode.c: libFuzzer target for tokenizer_encode and the streaming decoder on arbitrary bytes, against fixed
  * vocabularies: the vocab-only model.bin files listed in KVLAB_FUZZ_VOCABS (a directory, or paths separated by ':';
  * tools/fuzz.sh makes small SentencePiece and byte-level BPE ones, and a run may add real ones). Input: byte 0 picks
- * the vocabulary, the rest is the text. The text is encoded (with and without BOS), every id must be in range, the
+ * the vocabulary, the rest is the text. The text is encoded (with and without BOS, by tokenizer_encode and by
+ * tokenizer_encode_special), every id must be in range, the
  * ids are decoded back through the streaming decoder, and the text's bytes are also decoded taken two at a time as
  * ids (arbitrary id streams, out-of-range ones included). */
 #include <dirent.h>
@@ -76,10 +77,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const unsigned char *text = data + 1;
     size_t len = size - 1;
     char err[256];
-    for (int bos = 0; bos < 2; bos++) {
+    for (int mode = 0; mode < 4; mode++) {   /* with and without BOS; plain, then special-token text parsed */
+        int bos = mode & 1;
         int *ids = NULL;
         size_t n = 0;
-        if (tokenizer_encode(t, text, len, bos && t->bos_id >= 0, &ids, &n, err, sizeof err)) continue;
+        int rc = mode < 2 ? tokenizer_encode(t, text, len, bos && t->bos_id >= 0, &ids, &n, err, sizeof err)
+                          : tokenizer_encode_special(t, text, len, bos && t->bos_id >= 0, &ids, &n, err, sizeof err);
+        if (rc) continue;
         for (size_t i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= t->vocab_size) {
                 fprintf(stderr, "fuzz_encode: id %d out of range\n", ids[i]);

@@ -1,7 +1,7 @@
 /* fuzz_tokenizer.c: libFuzzer target for tokenizer_init on an arbitrary model.bin tokenizer section (docs/FORMAT.md),
- * then everything ./run does with a vocabulary it accepted: encode a few fixed texts (all 256 byte values among them),
- * look up the chat markers, and decode every id (and a few out of range) one by one through the streaming decoder.
- * The input is the section's bytes. Arbitrary text against fixed vocabularies is fuzz_encode's job. */
+ * then everything ./run does with a vocabulary it accepted: encode a few fixed texts (all 256 byte values among them;
+ * one with chat markers through tokenizer_encode_special), look up the chat markers, and decode every id (and a few
+ * out of range) one by one through the streaming decoder. The input is the section's bytes. Arbitrary text against fixed vocabularies is fuzz_encode's job. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +27,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (ids[i] < 0 || ids[i] >= t.vocab_size) abort();   /* encode must return ids inside the vocab */
             free(ids);
         }
+    }
+    static const char marked[] = "<s>a</s><|im_start|>user\n<unk>x<|im_end|>";
+    int *sids = NULL;
+    size_t n_sids = 0;
+    if (tokenizer_encode_special(&t, (const unsigned char *)marked, sizeof marked - 1, 0, &sids, &n_sids, err,
+                                 sizeof err) == 0) {
+        for (size_t i = 0; i < n_sids; i++)
+            if (sids[i] < 0 || sids[i] >= t.vocab_size) abort();
+        free(sids);
     }
     tokenizer_find(&t, "<|im_start|>");
     tokenizer_find(&t, "<s>");

@@ -785,7 +785,7 @@ static const FlagDef FLAGS[] = {
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
     {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
-    {"-v", NULL, M_GEN | M_CHAT, "per-layer memory and policy detail"},
+    {"-v", NULL, M_GEN | M_CHAT, "each prompt's token ids, and per-layer memory and policy detail"},
     {"-h", NULL, M_ALL, "help: -h (this), -h policies (every method, its keys and paper), -h flags (README's table)"},
 };
 #define N_FLAGS (int)(sizeof FLAGS / sizeof *FLAGS)
@@ -845,7 +845,7 @@ void usage_flags_markdown(FILE *f) {
 }
 
 /* -h policies: every registered method with its keys, defaults and the paper it implements. */
-static void usage_policies(FILE *f) {
+void usage_policies(FILE *f) {
     fprintf(f, "KV policies (-kv NAME[:BUDGET][,key=value...]; a budget is tokens per lane or bytes for the whole "
                "cache, e.g. 64MiB):\n");
     for (int i = 0; kv_policy_at(i); i++) {
@@ -1206,11 +1206,6 @@ static void ids_append_text(IdList *l, const Model *m, const char *text) {
     for (size_t i = 0; i < n; i++) ids_push(l, ids[i]);
     free(ids);
 }
-static void ids_append_special(IdList *l, const Model *m, const char *marker) {
-    int id = tokenizer_find(&m->tokenizer, marker);
-    if (id < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", marker);
-    ids_push(l, id);
-}
 
 /* The engine state of one generation: model, cache, sampler, the token stream so far. */
 typedef struct {
@@ -1225,6 +1220,7 @@ typedef struct {
     Line kvline;       /* the -kvlog record being composed */
     TokenDecoder dec;
     int print_ids;
+    int verbose;       /* -v: also print each prompt's ids */
     uint64_t seed;
     double t_prompt, t_decode;
     int n_prompt, n_gen;
@@ -1277,6 +1273,7 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
     }
     if (m->has_tokenizer) tokdec_init(&se->dec, &m->tokenizer);
     se->print_ids = o->print_ids || !m->has_tokenizer;
+    se->verbose = o->verbose;
 }
 
 static void session_free(Session *se) {
@@ -1340,6 +1337,11 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
         fprintf(stderr, "run: the prompt needs %zu more tokens but the cache holds %d (-c) under '%s', %d of them "
                 "used; use a larger -c or an evicting policy\n", prompt->n, se->capacity, se->cache.spec.text, se->pos);
         return GEN_NO_ROOM;
+    }
+    if (se->verbose) {
+        fprintf(stderr, "run: prompt ids (%zu):", prompt->n);
+        for (size_t i = 0; i < prompt->n; i++) fprintf(stderr, " %d", prompt->ids[i]);
+        fprintf(stderr, "\n");
     }
     double t0 = now_s();
     kv_set_prompt_len(&se->cache, se->pos + (int)prompt->n);   /* snapkv compresses at the end of the first prompt */
@@ -1433,62 +1435,48 @@ static int chatml_default_system(const Model *m, char *buf, size_t cap) {
     return 1;
 }
 
-/* Llama 3's "<|start_header_id|>ROLE<|end_header_id|>\n\n". */
-static void llama3_header(IdList *l, const Model *m, const char *role) {
-    ids_append_special(l, m, "<|start_header_id|>");
-    ids_append_text(l, m, role);
-    ids_append_special(l, m, "<|end_header_id|>");
-    ids_append_text(l, m, "\n\n");
-}
-
 /* Append one user turn (and, first, the system turn) in the model's chat format, ending where the assistant's
- * answer begins. Special markers are inserted as their ids; user text is encoded as plain text. Returns the id that
- * ends the assistant's turn (-1 if only EOS does). */
+ * answer begins. The turn is rendered as the template's text and encoded whole with special tokens recognized
+ * (tokenizer_encode_special), as llama.cpp tokenizes a rendered chat: a user text that starts with "\n\n" is then
+ * tokenized together with the "\n" before it, and marker text inside a message becomes the marker, as there.
+ * Returns the id that ends the assistant's turn (-1 if only EOS does). */
 static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *system, const char *user, int first) {
+    const char *end_marker = NULL;
+    int bos = 0;   /* Llama 3 opens the conversation with BOS, Llama 2 every turn */
+    Line t = {0};
     switch (fmt) {
     case CHAT_CHATML:
-        if (first && system) {
-            ids_append_special(l, m, "<|im_start|>");
-            ids_append_text(l, m, "system\n");
-            ids_append_text(l, m, system);
-            ids_append_special(l, m, "<|im_end|>");
-            ids_append_text(l, m, "\n");
-        }
-        ids_append_special(l, m, "<|im_start|>");
-        ids_append_text(l, m, "user\n");
-        ids_append_text(l, m, user);
-        ids_append_special(l, m, "<|im_end|>");
-        ids_append_text(l, m, "\n");
-        ids_append_special(l, m, "<|im_start|>");
-        ids_append_text(l, m, "assistant\n");
-        return tokenizer_find(&m->tokenizer, "<|im_end|>");
+        if (first && system) line_printf(&t, "<|im_start|>system\n%s<|im_end|>\n", system);
+        line_printf(&t, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
+        end_marker = "<|im_end|>";
+        break;
     case CHAT_LLAMA3:
-        if (first && m->tokenizer.bos_id >= 0) ids_push(l, m->tokenizer.bos_id);
-        if (first && system) {
-            llama3_header(l, m, "system");
-            ids_append_text(l, m, system);
-            ids_append_special(l, m, "<|eot_id|>");
-        }
-        llama3_header(l, m, "user");
-        ids_append_text(l, m, user);
-        ids_append_special(l, m, "<|eot_id|>");
-        llama3_header(l, m, "assistant");
-        return tokenizer_find(&m->tokenizer, "<|eot_id|>");
-    case CHAT_LLAMA2: {
-        /* <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]: Llama 2's chat format; each turn opens with BOS */
-        if (m->tokenizer.bos_id >= 0) ids_push(l, m->tokenizer.bos_id);
-        size_t n = strlen(user) + (system ? strlen(system) : 0) + 64;
-        char *text = malloc(n);
-        if (!text) fatal("out of memory");
-        if (first && system) snprintf(text, n, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system, user);
-        else snprintf(text, n, "[INST] %s [/INST]", user);
-        ids_append_text(l, m, text);
-        free(text);
-        return -1;
-    }
+        bos = first;
+        if (first && system) line_printf(&t, "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>", system);
+        line_printf(&t, "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n", user);
+        end_marker = "<|eot_id|>";
+        break;
+    case CHAT_LLAMA2:   /* <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]: Llama 2's chat format */
+        bos = 1;
+        if (first && system) line_printf(&t, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system, user);
+        else line_printf(&t, "[INST] %s [/INST]", user);
+        break;
     default: fatal("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
     }
-    return -1;
+    int *ids;
+    size_t n;
+    char err[256];
+    if (tokenizer_encode_special(&m->tokenizer, (const unsigned char *)t.s, t.n, bos && m->tokenizer.bos_id >= 0, &ids,
+                                 &n, err, sizeof err))
+        fatal("tokenizer: %s", err);
+    for (size_t i = 0; i < n; i++) ids_push(l, ids[i]);
+    free(ids);
+    line_free(&t);
+    if (!end_marker) return -1;
+    int stop = tokenizer_find(&m->tokenizer, end_marker);
+    if (stop < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", end_marker);
+    return stop;
 }
 
 /* The start line on stderr: model shape, the resolved policy and budget, seed, threads. */

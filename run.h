@@ -174,6 +174,8 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen);
 void usage(FILE *f);
 /* README's flag table (markdown): which mode reads which flag. */
 void usage_flags_markdown(FILE *f);
+/* -h policies: every registered policy with its keys, defaults and source. */
+void usage_policies(FILE *f);
 
 long peak_rss_kib(void);
 int run_threads(void);   /* OpenMP threads a parallel region uses (1 without OpenMP) */

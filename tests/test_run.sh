@@ -144,10 +144,20 @@ elif [ -f "$SMOL" ]; then
     for k in 1 4; do
         q=$(sed -n '/^[^#]/p' tests/golden/smollm2/prompts.txt | sed -n "$((k + 1))p" | sed 's/.*<|im_start|>user\\n//; s/<|im_end|>.*//')
         want=$(grep "^gen $k ids:" tests/golden/smollm2/greedy.txt | cut -d: -f2 | xargs | sed 's/ 2$//')
-        got=$("$RUN" "$SMOL" -m chat -t 0 -n 64 -ids -i "$q" 2>"$tmp/err" | xargs)
+        got=$("$RUN" "$SMOL" -m chat -t 0 -n 64 -ids -v -i "$q" 2>"$tmp/err" | xargs)
         if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "chat '$q': greedy ids equal llama.cpp's on the ChatML prompt"
         else fail "chat '$q': got '$got' want '$want' ($(tail -1 "$tmp/err"))"; fi
+        want=$(grep "^prompt $k ids:" tests/golden/smollm2/greedy.txt | cut -d: -f2 | xargs)
+        got=$(sed -n 's/^run: prompt ids ([0-9]*): //p' "$tmp/err")
+        if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "chat '$q': the rendered prompt's ids equal llama.cpp's"
+        else fail "chat '$q': prompt ids '$got', llama.cpp's '$want'"; fi
     done
+    # a user turn that starts with "\n\n": the rendered string is tokenized whole (llama.cpp: 4093 1116 198, the
+    # "\n" of "user\n" merged with the user's "\n\n"), not in parts (4093 198 198 198)
+    "$RUN" "$SMOL" -m chat -t 0 -n 1 -ids -v -i $'\n\nHello' >/dev/null 2>"$tmp/err"
+    got=$(sed -n 's/^run: prompt ids ([0-9]*): //p' "$tmp/err")
+    case " $got " in *" 4093 1116 198 19556 2 "*) pass "chat: a turn starting with two newlines is tokenized as one rendered string" ;;
+        *) fail "chat: '\\n\\nHello' prompt ids: $got" ;; esac
     out=$("$RUN" "$SMOL" -m chat -t 0 -n 32 -i "What is the capital of France?" 2>/dev/null)
     if [ "$out" = "The capital of France is Paris." ]; then pass "chat answers in text: $out"; else fail "chat text: '$out'"; fi
     expect_error "prompt longer than -c under full (SmolLM2)" "longer than the context of 4 tokens" \

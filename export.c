@@ -1244,8 +1244,8 @@ done:
 
 #define LLAMA2C_MAGIC 0x616b3432u   /* "ak42" */
 
-/* llama2.c's tokenizer.bin: i32 max_token_length, then per token f32 score, i32 length, bytes; the count is not
- * stored. llama2.c wrote pieces with the SentencePiece space mark U+2581 replaced by ' ', and BOS/EOS as
+/* llama2.c's tokenizer.bin: i32 max_token_length, then per token f32 score, i32 length (at most max_token_length),
+ * bytes; the count is not stored. llama2.c wrote pieces with the SentencePiece space mark U+2581 replaced by ' ', and BOS/EOS as
  * "\n<s>\n" and "\n</s>\n"; they are turned back into the pieces GGUF stores, so the section reads the same whatever
  * the source. */
 static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size_t errlen) {
@@ -1254,7 +1254,10 @@ static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size
     size_t off = 4, count = 0;
     int rc = -1;
     if (m.n < 4) { fail(err, errlen, "tokenizer %s is too short for its header", path); goto done; }
-    /* first pass: count the entries, checking each against the file length */
+    /* llama2.c's reader sizes its buffers by max_token_length: every entry must fit in it */
+    int32_t max_len = (int32_t)rd_u32(m.p);
+    if (max_len < 0) { fail(err, errlen, "tokenizer %s: max_token_length %d is negative", path, max_len); goto done; }
+    /* first pass: count the entries, checking each against the file length and max_token_length */
     while (off < m.n) {
         if (m.n - off < 8) {
             fail(err, errlen, "tokenizer %s: entry %zu is cut off at the end of the file", path, count);
@@ -1263,6 +1266,11 @@ static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size
         int32_t len = (int32_t)rd_u32(m.p + off + 4);
         if (len < 0 || (size_t)len > m.n - off - 8) {
             fail(err, errlen, "tokenizer %s: token %zu length %d runs past the end of the file", path, count, len);
+            goto done;
+        }
+        if (len > max_len) {
+            fail(err, errlen, "tokenizer %s: token %zu length %d is larger than the header's max_token_length %d",
+                 path, count, len, max_len);
             goto done;
         }
         off += 8 + (size_t)len;

@@ -77,6 +77,8 @@ expect "--vocab-only without a tokenizer" "nothing to write" "$d/no_tokenizer.gg
 # llama2.c
 expect "llama2.c tokenizer with the wrong entry count" "has 13 entries but the model's vocab_size is 12" --llama2c "$d/l2c.bin" --tokenizer "$d/tok13.bin" "$o"
 expect "llama2.c token length past the end" "token 11 length .* past the end" --llama2c "$d/l2c.bin" --tokenizer "$d/tok_past_end.bin" "$o"
+expect "llama2.c token longer than max_token_length" "token 2 length 6 is larger than the header's max_token_length 5" --llama2c "$d/l2c.bin" --tokenizer "$d/tok_max5.bin" "$o"
+expect "llama2.c negative max_token_length" "max_token_length -1 is negative" --llama2c "$d/l2c.bin" --tokenizer "$d/tok_max_neg.bin" "$o"
 expect "llama2.c checkpoint cut short"  "describes .* bytes of checkpoint, the file has" --llama2c "$d/l2c_cut.bin" "$o"
 expect "llama2.c int8 (version 2)"      "version 2 \(int8\)" --llama2c "$d/l2c_v2.bin" "$o"
 real_tok=../shared/data/models/llama2-tokenizer.bin; real_ck=../shared/data/models/stories260K.bin

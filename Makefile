@@ -123,8 +123,9 @@ bench: all tools
 report: all
 	tools/report.sh
 
-model: all models/smollm2-135m-instruct.bin
-models/smollm2-135m-instruct.bin: | export
+# always runs the script: it checks the cached GGUF's sha256 and the model.bin (a fraction of a second when both are
+# good) and fetches or exports again what is missing, corrupt or stale
+model: all
 	./tools/fetch_model.sh
 
 clean:

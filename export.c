@@ -937,6 +937,60 @@ static int untie_for_q8(ModelConfig *c) {
     return 1;
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * The output path. model_write writes OUT.tmp and renames it over OUT, so before any work: OUT is absent or a
+ * regular file (a device, directory or FIFO would be written to until it is full, or replaced by the rename), its
+ * directory exists and is writable, OUT.tmp is absent or a regular file, and neither OUT nor OUT.tmp is one of the
+ * input files (compared by device and inode: a hard link, a symlink or another spelling of the path is the same file;
+ * writing it would destroy the input while it is being read). */
+
+static const char *file_kind(mode_t mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
+         : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket" : S_ISLNK(mode) ? "a symbolic link"
+         : "not a regular file";
+}
+
+/* in: n_in input paths (NULL entries are skipped), what: what each one is ("input", "checkpoint", "tokenizer"). */
+static int output_check(const char *out, const char *const *in, const char *const *what, int n_in, char *err,
+                        size_t errlen) {
+    struct stat so, si;
+    char tmp[4096], dir[4096];
+    if (!out[0]) return fail(err, errlen, "the output path is empty");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp) return fail(err, errlen, "output path too long");
+    const char *slash = strrchr(out, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, sizeof dir, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+    int have_out = stat(out, &so) == 0;
+    if (!have_out && errno != ENOENT) return fail(err, errlen, "cannot write output %s: %s", out, strerror(errno));
+    if (have_out && !S_ISREG(so.st_mode))
+        return fail(err, errlen, "output %s is %s, not a regular file (export writes %s.tmp and renames it over the "
+                    "output)", out, file_kind(so.st_mode), out);
+    for (int i = 0; have_out && i < n_in; i++)
+        if (in[i] && stat(in[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+            return fail(err, errlen, "output %s is the same file as the %s %s: refusing to overwrite it", out, what[i],
+                        in[i]);
+    struct stat sd;
+    if (stat(dir, &sd) != 0)
+        return errno == ENOENT ? fail(err, errlen, "cannot create output %s: directory %s does not exist", out, dir)
+                               : fail(err, errlen, "cannot create output %s: directory %s: %s", out, dir,
+                                      strerror(errno));
+    if (!S_ISDIR(sd.st_mode)) return fail(err, errlen, "cannot create output %s: %s is not a directory", out, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return fail(err, errlen, "cannot create output %s: directory %s is not writable (%s)", out, dir,
+                    strerror(errno));
+    struct stat st;
+    if (lstat(tmp, &st) == 0) {
+        if (!S_ISREG(st.st_mode))
+            return fail(err, errlen, "%s (the temporary file for output %s) exists and is %s: remove it", tmp, out,
+                        file_kind(st.st_mode));
+        for (int i = 0; i < n_in; i++)
+            if (in[i] && stat(in[i], &si) == 0 && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
+                return fail(err, errlen, "%s (the temporary file for output %s) is the same file as the %s %s: "
+                            "refusing to overwrite it", tmp, out, what[i], in[i]);
+    }
+    return 0;
+}
+
 /* Writes model.bin to out (via out.tmp, renamed when complete). specs/srcs: n tensors in model_layout's order;
  * tok: the tokenizer section (len 0 = ids-only); rng: the random generator state when a src is random. */
 static int model_write(const char *out, const ModelConfig *c, const Buf *tok, const TensorSpec *specs,
@@ -966,8 +1020,16 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
 
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp) return fail(err, errlen, "output path too long");
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    /* output_check ran before: this only guards against a FIFO or symlink put there since (no hang, no follow) */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK, 0666);
+    if (fd < 0) return fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(err, errlen, "cannot create %s: not a regular file", tmp);
+    }
+    FILE *f = fdopen(fd, "wb");
+    if (!f) { close(fd); remove(tmp); return fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno)); }
     float *buf = malloc(CHUNK_ELEMS * sizeof *buf);
     BlockQ8 *qbuf = malloc(CHUNK_ELEMS / Q8_GROUP * sizeof *qbuf);
     uint64_t first_rng = rng ? *rng : 0;   /* the generator's state at tensor 0, to redraw its values */
@@ -1133,6 +1195,8 @@ int export_from_gguf(const char *in, const char *out, int vocab_only, int wtype,
     size_t n = 0;
     int rc = -1;
     err[0] = 0;
+    const char *ins[] = {in}, *what[] = {"input"};
+    if (output_check(out, ins, what, 1, err, errlen)) return -1;
     if (map_file(&m, in, err, errlen)) return -1;
     if (gguf_parse(&g, m.p, m.n, err, errlen)) { unmap_file(&m); return -1; }
     const char *arch = "";
@@ -1180,8 +1244,8 @@ done:
 
 #define LLAMA2C_MAGIC 0x616b3432u   /* "ak42" */
 
-/* llama2.c's tokenizer.bin: i32 max_token_length, then per token f32 score, i32 length, bytes; the count is not
- * stored. llama2.c wrote pieces with the SentencePiece space mark U+2581 replaced by ' ', and BOS/EOS as
+/* llama2.c's tokenizer.bin: i32 max_token_length, then per token f32 score, i32 length (at most max_token_length),
+ * bytes; the count is not stored. llama2.c wrote pieces with the SentencePiece space mark U+2581 replaced by ' ', and BOS/EOS as
  * "\n<s>\n" and "\n</s>\n"; they are turned back into the pieces GGUF stores, so the section reads the same whatever
  * the source. */
 static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size_t errlen) {
@@ -1190,7 +1254,10 @@ static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size
     size_t off = 4, count = 0;
     int rc = -1;
     if (m.n < 4) { fail(err, errlen, "tokenizer %s is too short for its header", path); goto done; }
-    /* first pass: count the entries, checking each against the file length */
+    /* llama2.c's reader sizes its buffers by max_token_length: every entry must fit in it */
+    int32_t max_len = (int32_t)rd_u32(m.p);
+    if (max_len < 0) { fail(err, errlen, "tokenizer %s: max_token_length %d is negative", path, max_len); goto done; }
+    /* first pass: count the entries, checking each against the file length and max_token_length */
     while (off < m.n) {
         if (m.n - off < 8) {
             fail(err, errlen, "tokenizer %s: entry %zu is cut off at the end of the file", path, count);
@@ -1199,6 +1266,11 @@ static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size
         int32_t len = (int32_t)rd_u32(m.p + off + 4);
         if (len < 0 || (size_t)len > m.n - off - 8) {
             fail(err, errlen, "tokenizer %s: token %zu length %d runs past the end of the file", path, count, len);
+            goto done;
+        }
+        if (len > max_len) {
+            fail(err, errlen, "tokenizer %s: token %zu length %d is larger than the header's max_token_length %d",
+                 path, count, len, max_len);
             goto done;
         }
         off += 8 + (size_t)len;
@@ -1252,6 +1324,8 @@ int export_from_llama2c(const char *ckpt, const char *tokenizer, const char *out
     size_t n = 0;
     int rc = -1;
     err[0] = 0;
+    const char *ins[] = {ckpt, tokenizer}, *what[] = {"checkpoint", "tokenizer"};
+    if (output_check(out, ins, what, 2, err, errlen)) return -1;
     if (map_file(&m, ckpt, err, errlen)) return -1;
     int versioned = m.n >= 4 && rd_u32(m.p) == LLAMA2C_MAGIC;
     size_t hdr = versioned ? 256 : 28;
@@ -1347,7 +1421,7 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
                      .seq_len = r->seq_len, .tied = r->tied, .has_rope_factors = r->rope_factors,
                      .rope_theta = r->rope_theta, .norm_eps = 1e-5f, .wtype = r->wtype};
     if (c.head_dim == 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
-    if (config_check(&c, err, errlen)) return -1;
+    if (config_check(&c, err, errlen) || output_check(out, NULL, NULL, 0, err, errlen)) return -1;
     int untied = untie_for_q8(&c);
     TensorSpec *specs;
     TensorSrc *srcs;

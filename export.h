@@ -80,7 +80,9 @@ const GgufTensor *gguf_find_tensor(const Gguf *g, const char *name);
 /* Weight types of the matrices in model.bin (docs/FORMAT.md, wtype). */
 enum { EXPORT_WTYPE_F32 = 0, EXPORT_WTYPE_Q8 = 1 };
 
-/* The three exporters behind ./export's CLI. Each writes OUT.tmp and renames it to out only when complete.
+/* The three exporters behind ./export's CLI. Each writes OUT.tmp and renames it to out only when complete, and
+ * refuses first (no file written) an out that exists and is not a regular file, an out or OUT.tmp that is one of
+ * its input files (same device and inode), and an out whose directory is missing or not writable.
  * wtype EXPORT_WTYPE_Q8 quantizes every matrix (not the embedding) from its f32 values; it fails when a matrix's
  * column count is not a multiple of 32, and writes a tied model untied (FORMAT.md). */
 int export_from_gguf(const char *in, const char *out, int vocab_only, int wtype, char *err, size_t errlen);

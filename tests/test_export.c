@@ -280,7 +280,8 @@ static W l2c_checkpoint(int versioned, int dim, int hidden, int layers, int head
     return w;
 }
 
-/* A llama2.c tokenizer.bin of n entries; past_end: the last entry claims more bytes than the file has. */
+/* A llama2.c tokenizer.bin of n entries (max_token_length 16); past_end: the last entry claims more bytes than the
+ * file has. */
 static W l2c_tokenizer(int n, int past_end) {
     W w = {0};
     w_u32(&w, 16);
@@ -777,6 +778,11 @@ static int write_cases(const char *dir) {
     w_case(dir, "tok12.bin", tk.p, tk.len);
     w_case(dir, "tok13.bin", tw.p, tw.len);
     w_case(dir, "tok_past_end.bin", tp.p, tp.len);
+    /* max_token_length 5 in the header: entry 2 ("\n</s>\n", 6 bytes) is longer; then a negative one */
+    tk.p[0] = 5;
+    w_case(dir, "tok_max5.bin", tk.p, tk.len);
+    memset(tk.p, 0xff, 4);
+    w_case(dir, "tok_max_neg.bin", tk.p, tk.len);
     w_case(dir, "empty.bin", "", 0);
     free(ck.p); free(v2.p); free(tk.p); free(tw.p); free(tp.p); free(c.p); free(good.p);
     return 0;

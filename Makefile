@@ -34,11 +34,11 @@ TWIN_O    := $(BUILD)/attn_twin.o
 endif
 CFLAGS  += $(CUDA_DEF)
 
-# The engine's objects, shared by ./run, ./export and the tests. run.c and export.c are also compiled with
-# KVLAB_NO_MAIN so tests can call their loaders and parsers.
-ENGINE  := kv policies tokenizer eval
+# The engine's objects, shared by ./run and the tests; main lives in main.c (./run) and export_main.c (./export), so
+# tests link everything else. tools/deps.sh prints which object uses which.
+ENGINE  := util model matmul run kv policies tokenizer eval cli export
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
-LIB_O   := $(ENGINE_O) $(BUILD)/run_lib.o $(BUILD)/export_lib.o $(CUDA_O)
+LIB_O   := $(ENGINE_O) $(CUDA_O)
 LDLIBS  += $(CUDA_LIBS)
 TESTS   := $(patsubst tests/%.c,$(TESTBIN)/%,$(wildcard tests/test_*.c))
 # each fuzz target also builds with an ordinary main (tests/fuzz/replay_main.c) that replays files through it
@@ -49,15 +49,13 @@ HDRS    := $(wildcard *.h) $(BUILD)/cuda.flag
 all: $(OUT)/run $(OUT)/export tools
 	@echo "kvlab: built $(OUT)/run, $(OUT)/export and the tools in $(BUILD)/ (CPU$(if $(OMP), + OpenMP,); CUDA: $(CUDA_MSG))"
 
-$(OUT)/run: $(ENGINE_O) $(BUILD)/run.o $(CUDA_O)
+$(OUT)/run: $(filter-out $(BUILD)/export.o,$(ENGINE_O)) $(BUILD)/main.o $(CUDA_O)
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)
-$(OUT)/export: $(BUILD)/export.o
+$(OUT)/export: $(BUILD)/export.o $(BUILD)/export_main.o $(BUILD)/util.o
 	$(CC) $(CFLAGS) $(OMP) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(HDRS) | $(BUILD)
 	$(CC) $(CFLAGS) $(OMP) -c -o $@ $<
-$(BUILD)/%_lib.o: %.c $(HDRS) | $(BUILD)
-	$(CC) $(CFLAGS) $(OMP) -DKVLAB_NO_MAIN -c -o $@ $<
 $(BUILD):
 	mkdir -p $@
 # objects depend on whether this build has CUDA (-DKVLAB_CUDA): the flag file changes only when that does
@@ -74,8 +72,8 @@ $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 # kv_dump twice: kv.c with this machine's vector instructions, and kv.c as portable C (tests/test_kv_portable.sh)
 $(TESTBIN)/kv_dump: tests/kv_dump.c $(LIB_O) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
-$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c policies.c $(HDRS) | $(TESTBIN)
-	$(CC) $(CFLAGS) -mno-avx -mno-avx2 -mno-fma -mno-f16c $(OMP) -I. -o $@ $< kv.c policies.c -lm
+$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c policies.c util.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) -mno-avx -mno-avx2 -mno-fma -mno-f16c $(OMP) -I. -o $@ $< kv.c policies.c util.c -lm
 $(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h | $(TESTBIN)
 	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<
 	$(CC) $(CFLAGS) $(OMP) -o $@ $(BUILD)/test_attn.o $(sort $(LIB_O) $(TWIN_O)) $(LDLIBS) -lstdc++

@@ -7,7 +7,7 @@
  * Dimensions: n_layers, n_heads, n_kv_heads, vocab_size, ctx (-c: the shadow's length). Indices: t position in the
  * document, l layer, g kv head, h query head, d document.
  */
-#include "run.h"
+#include "eval.h"
 
 #include <errno.h>
 #include <math.h>

@@ -22,19 +22,13 @@
 #include <unistd.h>
 
 #include "export.h"
+#include "util.h"
+#include "model_format.h"
 #include "quant.h"
 #include "kv.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Errors and small helpers */
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static uint16_t rd_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static uint32_t rd_u32(const uint8_t *p) {
@@ -321,7 +315,7 @@ static size_t cur_left(const Cursor *c) { return c->n - c->off; }
 
 static int cur_need(Cursor *c, size_t k, const char *what) {
     if (cur_left(c) < k)
-        return fail(c->err, c->errlen, "file ends inside %s (offset %zu, needs %zu bytes, %zu left)", what, c->off,
+        return errorf(c->err, c->errlen, "file ends inside %s (offset %zu, needs %zu bytes, %zu left)", what, c->off,
                     k, cur_left(c));
     return 0;
 }
@@ -344,7 +338,7 @@ static int cur_str(Cursor *c, const char **s, size_t *len, const char *what) {
     uint64_t n;
     if (cur_u64(c, &n, what)) return -1;
     if (n > cur_left(c))
-        return fail(c->err, c->errlen, "%s: string length %llu at offset %zu runs past the end of the file "
+        return errorf(c->err, c->errlen, "%s: string length %llu at offset %zu runs past the end of the file "
                     "(%zu bytes left)", what, (unsigned long long)n, c->off - 8, cur_left(c));
     *s = (const char *)c->p + c->off;
     *len = (size_t)n;
@@ -389,12 +383,12 @@ static int gguf_read_value(Cursor *c, GgufKV *kv) {
         if (cur_u32(c, &kv->arr_type, what) || cur_u64(c, &kv->arr_n, what)) return -1;
         kv->val = c->p + c->off;
         if (kv->arr_type == GGUF_TYPE_ARRAY)
-            return fail(c->err, c->errlen, "key '" NAMEFMT "': nested arrays are not supported",
+            return errorf(c->err, c->errlen, "key '" NAMEFMT "': nested arrays are not supported",
                         NAMEARG(kv->key, kv->key_len));
         if (kv->arr_type == GGUF_TYPE_STRING) {
             /* each string needs at least its 8-byte length */
             if (kv->arr_n > cur_left(c) / 8)
-                return fail(c->err, c->errlen, "key '" NAMEFMT "': array count %llu is larger than the file could "
+                return errorf(c->err, c->errlen, "key '" NAMEFMT "': array count %llu is larger than the file could "
                             "hold", NAMEARG(kv->key, kv->key_len), (unsigned long long)kv->arr_n);
             for (uint64_t i = 0; i < kv->arr_n; i++) {
                 const char *s;
@@ -405,17 +399,17 @@ static int gguf_read_value(Cursor *c, GgufKV *kv) {
         }
         size_t es = gguf_scalar_size(kv->arr_type);
         if (!es)
-            return fail(c->err, c->errlen, "key '" NAMEFMT "': unknown array element type %u",
+            return errorf(c->err, c->errlen, "key '" NAMEFMT "': unknown array element type %u",
                         NAMEARG(kv->key, kv->key_len), kv->arr_type);
         if (kv->arr_n > cur_left(c) / es)
-            return fail(c->err, c->errlen, "key '" NAMEFMT "': array count %llu is larger than the file could hold",
+            return errorf(c->err, c->errlen, "key '" NAMEFMT "': array count %llu is larger than the file could hold",
                         NAMEARG(kv->key, kv->key_len), (unsigned long long)kv->arr_n);
         c->off += (size_t)kv->arr_n * es;
         return 0;
     }
     size_t es = gguf_scalar_size(kv->type);
     if (!es)
-        return fail(c->err, c->errlen, "key '" NAMEFMT "': unknown value type %u", NAMEARG(kv->key, kv->key_len),
+        return errorf(c->err, c->errlen, "key '" NAMEFMT "': unknown value type %u", NAMEARG(kv->key, kv->key_len),
                     kv->type);
     return cur_need(c, es, what) ? -1 : (c->off += es, 0);
 }
@@ -436,7 +430,7 @@ static int kv_int(const GgufKV *kv, int64_t *v, char *err, size_t errlen) {
         *v = (int64_t)rd_u64(p);
         return 0;
     }
-    return fail(err, errlen, "key '" NAMEFMT "' must be an integer in range (type %u)", NAMEARG(kv->key, kv->key_len),
+    return errorf(err, errlen, "key '" NAMEFMT "' must be an integer in range (type %u)", NAMEARG(kv->key, kv->key_len),
                 kv->type);
 }
 
@@ -446,21 +440,21 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
     g->size = size;
     Cursor c = {data, size, 0, err, errlen};
     uint32_t magic;
-    if (size < 4) return fail(err, errlen, "not a GGUF file: %zu bytes, too short for the magic", size);
+    if (size < 4) return errorf(err, errlen, "not a GGUF file: %zu bytes, too short for the magic", size);
     if (cur_u32(&c, &magic, "the header")) return -1;
-    if (magic != GGUF_MAGIC) return fail(err, errlen, "not a GGUF file: wrong magic 0x%08x (expected \"GGUF\")", magic);
+    if (magic != GGUF_MAGIC) return errorf(err, errlen, "not a GGUF file: wrong magic 0x%08x (expected \"GGUF\")", magic);
     if (cur_u32(&c, &g->version, "the header")) return -1;
     if (g->version == 0x02000000u || g->version == 0x03000000u)
-        return fail(err, errlen, "unsupported GGUF version: the file is big-endian");
+        return errorf(err, errlen, "unsupported GGUF version: the file is big-endian");
     if (g->version != 2 && g->version != 3)
-        return fail(err, errlen, "unsupported GGUF version %u (only 2 and 3 are read)", g->version);
+        return errorf(err, errlen, "unsupported GGUF version %u (only 2 and 3 are read)", g->version);
     if (cur_u64(&c, &g->n_tensors, "the header") || cur_u64(&c, &g->n_kv, "the header")) return -1;
     /* smallest possible pair: 8-byte key length, 4-byte type, 1-byte value; smallest tensor info: 8-byte name
      * length, u32 n_dims, one u64 dim, u32 type, u64 offset */
     if (g->n_kv > cur_left(&c) / 13)
-        return fail(err, errlen, "KV count %llu is larger than the file could hold", (unsigned long long)g->n_kv);
+        return errorf(err, errlen, "KV count %llu is larger than the file could hold", (unsigned long long)g->n_kv);
     if (g->n_tensors > cur_left(&c) / 32)
-        return fail(err, errlen, "tensor count %llu is larger than the file could hold",
+        return errorf(err, errlen, "tensor count %llu is larger than the file could hold",
                     (unsigned long long)g->n_tensors);
     g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof *g->kv);
     g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *g->tensors);
@@ -468,7 +462,7 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
     GgufKV **kv_sorted = calloc(g->n_kv ? g->n_kv : 1, sizeof *kv_sorted);
     if (!g->kv || !g->tensors || !g->by_name || !kv_sorted) {
         free(kv_sorted);
-        return fail(err, errlen, "out of memory");
+        return errorf(err, errlen, "out of memory");
     }
     int rc = -1;
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
@@ -482,7 +476,7 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
     qsort(kv_sorted, g->n_kv, sizeof *kv_sorted, kv_ptr_cmp);
     for (uint64_t i = 1; i < g->n_kv; i++)
         if (kv_ptr_cmp(&kv_sorted[i - 1], &kv_sorted[i]) == 0) {
-            fail(err, errlen, "duplicate metadata key '" NAMEFMT "'", NAMEARG(kv_sorted[i]->key, kv_sorted[i]->key_len));
+            errorf(err, errlen, "duplicate metadata key '" NAMEFMT "'", NAMEARG(kv_sorted[i]->key, kv_sorted[i]->key_len));
             goto done;
         }
     const GgufKV *al = gguf_find_kv(g, "general.alignment");
@@ -490,7 +484,7 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
         int64_t a;
         if (kv_int(al, &a, err, errlen)) goto done;
         if (a <= 0 || (a & (a - 1)) || a > (1 << 30)) {
-            fail(err, errlen, "general.alignment %lld is not a nonzero power of two", (long long)a);
+            errorf(err, errlen, "general.alignment %lld is not a nonzero power of two", (long long)a);
             goto done;
         }
         g->alignment = (uint64_t)a;
@@ -500,7 +494,7 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
         if (cur_str(&c, &t->name, &t->name_len, "a tensor name") || cur_u32(&c, &t->n_dims, "a tensor info"))
             goto done;
         if (t->n_dims < 1 || t->n_dims > 4) {
-            fail(err, errlen, "tensor '" NAMEFMT "' has %u dimensions (1 to 4 allowed)", NAMEARG(t->name, t->name_len),
+            errorf(err, errlen, "tensor '" NAMEFMT "' has %u dimensions (1 to 4 allowed)", NAMEARG(t->name, t->name_len),
                  t->n_dims);
             goto done;
         }
@@ -510,7 +504,7 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
         if (cur_u32(&c, &t->type, "a tensor info") || cur_u64(&c, &t->offset, "a tensor info")) goto done;
         const GgmlType *ty = ggml_type(t->type);
         if (!ty) {
-            fail(err, errlen, "unsupported tensor type ? (id %u) in tensor " NAMEFMT, t->type,
+            errorf(err, errlen, "unsupported tensor type ? (id %u) in tensor " NAMEFMT, t->type,
                  NAMEARG(t->name, t->name_len));
             goto done;
         }
@@ -518,20 +512,20 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
         int overflow = 0;
         for (int d = 0; d < 4; d++) {
             if (t->ne[d] == 0) {
-                fail(err, errlen, "tensor '" NAMEFMT "' has a zero dimension", NAMEARG(t->name, t->name_len));
+                errorf(err, errlen, "tensor '" NAMEFMT "' has a zero dimension", NAMEARG(t->name, t->name_len));
                 goto done;
             }
             if (n > UINT64_MAX / t->ne[d]) overflow = 1;
             else n *= t->ne[d];
         }
         if (overflow || n / ty->blck > UINT64_MAX / ty->bytes) {
-            fail(err, errlen, "tensor '" NAMEFMT "': shape [%llu, %llu, %llu, %llu] has a byte size that overflows "
+            errorf(err, errlen, "tensor '" NAMEFMT "': shape [%llu, %llu, %llu, %llu] has a byte size that overflows "
                  "64 bits", NAMEARG(t->name, t->name_len), (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                  (unsigned long long)t->ne[2], (unsigned long long)t->ne[3]);
             goto done;
         }
         if (t->ne[0] % ty->blck) {
-            fail(err, errlen, "tensor '" NAMEFMT "': row length %llu is not a multiple of the %s block size %u",
+            errorf(err, errlen, "tensor '" NAMEFMT "': row length %llu is not a multiple of the %s block size %u",
                  NAMEARG(t->name, t->name_len), (unsigned long long)t->ne[0], ty->name, ty->blck);
             goto done;
         }
@@ -542,14 +536,14 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
     qsort(g->by_name, g->n_tensors, sizeof *g->by_name, tensor_ptr_cmp);
     for (uint64_t i = 1; i < g->n_tensors; i++)
         if (tensor_ptr_cmp(&g->by_name[i - 1], &g->by_name[i]) == 0) {
-            fail(err, errlen, "duplicate tensor name '" NAMEFMT "'", NAMEARG(g->by_name[i]->name, g->by_name[i]->name_len));
+            errorf(err, errlen, "duplicate tensor name '" NAMEFMT "'", NAMEARG(g->by_name[i]->name, g->by_name[i]->name_len));
             goto done;
         }
     /* the data section starts at the next multiple of the alignment; a file with no tensors may end right here */
     size_t pad = (size_t)((g->alignment - c.off % g->alignment) % g->alignment);
     if (g->n_tensors == 0 && pad > cur_left(&c)) pad = cur_left(&c);
     if (pad > cur_left(&c)) {
-        fail(err, errlen, "file ends before the data section (offset %zu, %zu bytes)", c.off + pad, size);
+        errorf(err, errlen, "file ends before the data section (offset %zu, %zu bytes)", c.off + pad, size);
         goto done;
     }
     g->data_offset = c.off + pad;
@@ -557,12 +551,12 @@ int gguf_parse(Gguf *g, const uint8_t *data, size_t size, char *err, size_t errl
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         GgufTensor *t = &g->tensors[i];
         if (t->offset % g->alignment) {
-            fail(err, errlen, "tensor '" NAMEFMT "': offset %llu is not a multiple of the alignment %llu",
+            errorf(err, errlen, "tensor '" NAMEFMT "': offset %llu is not a multiple of the alignment %llu",
                  NAMEARG(t->name, t->name_len), (unsigned long long)t->offset, (unsigned long long)g->alignment);
             goto done;
         }
         if (t->offset > data_bytes || t->n_bytes > data_bytes - t->offset) {
-            fail(err, errlen, "tensor '" NAMEFMT "': data at offset %llu, %llu bytes, lies outside the data section "
+            errorf(err, errlen, "tensor '" NAMEFMT "': data at offset %llu, %llu bytes, lies outside the data section "
                  "(%llu bytes; file truncated?)", NAMEARG(t->name, t->name_len), (unsigned long long)t->offset,
                  (unsigned long long)t->n_bytes, (unsigned long long)data_bytes);
             goto done;
@@ -610,14 +604,14 @@ static int meta_float(const Gguf *g, const char *key, double *v, char *err, size
     if (!kv) return 0;
     if (kv->type == GGUF_TYPE_FLOAT32) *v = rd_f32(kv->val);
     else if (kv->type == GGUF_TYPE_FLOAT64) { uint64_t u = rd_u64(kv->val); memcpy(v, &u, 8); }
-    else return fail(err, errlen, "key '%s' must be a float (type %u)", key, kv->type);
+    else return errorf(err, errlen, "key '%s' must be a float (type %u)", key, kv->type);
     return 1;
 }
 
 static int meta_str(const Gguf *g, const char *key, const char **s, size_t *n, char *err, size_t errlen) {
     const GgufKV *kv = gguf_find_kv(g, key);
     if (!kv) return 0;
-    if (kv->type != GGUF_TYPE_STRING) return fail(err, errlen, "key '%s' must be a string (type %u)", key, kv->type);
+    if (kv->type != GGUF_TYPE_STRING) return errorf(err, errlen, "key '%s' must be a string (type %u)", key, kv->type);
     *n = (size_t)rd_u64(kv->val);
     *s = (const char *)kv->val + 8;
     return 1;
@@ -626,7 +620,7 @@ static int meta_str(const Gguf *g, const char *key, const char **s, size_t *n, c
 static int meta_bool(const Gguf *g, const char *key, int *v, char *err, size_t errlen) {
     const GgufKV *kv = gguf_find_kv(g, key);
     if (!kv) return 0;
-    if (kv->type != GGUF_TYPE_BOOL) return fail(err, errlen, "key '%s' must be a bool (type %u)", key, kv->type);
+    if (kv->type != GGUF_TYPE_BOOL) return errorf(err, errlen, "key '%s' must be a bool (type %u)", key, kv->type);
     *v = kv->val[0] != 0;
     return 1;
 }
@@ -637,7 +631,7 @@ static int meta_array(const Gguf *g, const char *key, uint32_t elem, const GgufK
     *out = NULL;
     if (!kv) return 0;
     if (kv->type != GGUF_TYPE_ARRAY || kv->arr_type != elem)
-        return fail(err, errlen, "key '%s' must be an array of type %u", key, elem);
+        return errorf(err, errlen, "key '%s' must be an array of type %u", key, elem);
     *out = kv;
     return 1;
 }
@@ -645,57 +639,13 @@ static int meta_array(const Gguf *g, const char *key, uint32_t elem, const GgufK
 /* ---------------------------------------------------------------------------------------------------------------
  * The model.bin config and its tensor list (FORMAT.md's order: one copy of it, used by every exporter) */
 
-#define MODEL_MAGIC 0x424C564Bu
-#define MODEL_VERSION 1
-#define MODEL_HEADER_BYTES 256
-#define MODEL_ALIGN 64
-
-/* Upper bounds that no real Llama model reaches; they keep every size product far from overflowing. The same
- * bounds as run.c's model.bin loader, so export refuses what run would refuse. */
-#define MAX_DIM (1 << 16)
-#define MAX_HIDDEN (1 << 18)
-#define MAX_HEAD_DIM 1024
-#define MAX_LAYERS 1024
-#define MAX_HEADS 1024
-#define MAX_VOCAB (1 << 22)
-#define MAX_SEQ (1 << 24)
-#define MAX_THETA 1e12f
-
-typedef struct {
-    int dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, seq_len;
-    int rope_pairing;        /* 0 = adjacent pairs */
-    int tied;                /* 1 = classifier is the embedding */
-    int wtype;               /* 0 = f32 matrices, 1 = q8 (EXPORT_WTYPE_*) */
-    int has_rope_factors;
-    float rope_theta, norm_eps;
-} ModelConfig;
+/* The header, the config and its bounds are model_format.h's: the loader (model.c) reads the same definitions. */
 
 typedef struct {
     char name[48];     /* GGUF name */
     size_t rows, cols; /* elements; rows = 1 for vectors */
     int is_vec;
 } TensorSpec;
-
-static int config_check(const ModelConfig *c, char *err, size_t errlen) {
-    struct { const char *name; int v, max; } f[] = {
-        {"dim", c->dim, MAX_DIM}, {"hidden_dim", c->hidden_dim, MAX_HIDDEN}, {"n_layers", c->n_layers, MAX_LAYERS},
-        {"n_heads", c->n_heads, MAX_HEADS}, {"n_kv_heads", c->n_kv_heads, MAX_HEADS},
-        {"head_dim", c->head_dim, MAX_HEAD_DIM}, {"vocab_size", c->vocab_size, MAX_VOCAB}, {"seq_len", c->seq_len, MAX_SEQ},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].v <= 0 || f[i].v > f[i].max)
-            return fail(err, errlen, "%s = %d is out of range (1 to %d)", f[i].name, f[i].v, f[i].max);
-    if (c->n_heads % c->n_kv_heads)
-        return fail(err, errlen, "n_heads %d is not a multiple of n_kv_heads %d", c->n_heads, c->n_kv_heads);
-    if (c->head_dim % 2) return fail(err, errlen, "head_dim %d is odd (RoPE rotates pairs)", c->head_dim);
-    if ((size_t)c->n_heads * (size_t)c->head_dim > MAX_DIM)
-        return fail(err, errlen, "n_heads * head_dim = %zu is out of range", (size_t)c->n_heads * (size_t)c->head_dim);
-    if (!(c->rope_theta > 0 && c->rope_theta < MAX_THETA))
-        return fail(err, errlen, "rope theta %g is out of range (0, 1e12)", (double)c->rope_theta);
-    if (!(c->norm_eps > 0 && c->norm_eps < 1))
-        return fail(err, errlen, "RMSNorm epsilon %g is out of range (0, 1)", (double)c->norm_eps);
-    return 0;
-}
 
 static size_t layout_add(TensorSpec *s, size_t i, const char *name, size_t rows, size_t cols, int is_vec) {
     if (s) {
@@ -708,7 +658,7 @@ static size_t layout_add(TensorSpec *s, size_t i, const char *name, size_t rows,
 }
 
 /* Fills s (may be NULL) with the tensors of model.bin in file order; returns their count. n_layers = 0 gives none. */
-static size_t model_layout(TensorSpec *s, const ModelConfig *c) {
+static size_t model_layout(TensorSpec *s, const Config *c) {
     size_t n = 0, dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, qd = (size_t)c->n_heads * (size_t)c->head_dim,
            kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
     char name[48];
@@ -789,24 +739,24 @@ static int tok_from_gguf(Buf *b, const Gguf *g, char *err, size_t errlen) {
     TokHeader h = {0};
     if (model_len == 5 && !memcmp(model, "llama", 5)) h.kind = 1;
     else if (model_len == 4 && !memcmp(model, "gpt2", 4)) h.kind = 2;
-    else return fail(err, errlen, "unsupported tokenizer model '" NAMEFMT "' (llama and gpt2 are supported)",
+    else return errorf(err, errlen, "unsupported tokenizer model '" NAMEFMT "' (llama and gpt2 are supported)",
                      NAMEARG(model, model_len));
     const GgufKV *tokens, *scores, *types, *merges;
     if (meta_array(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &tokens, err, errlen) < 0) return -1;
-    if (!tokens) return fail(err, errlen, "tokenizer.ggml.tokens is missing");
-    if (tokens->arr_n == 0 || tokens->arr_n > MAX_VOCAB)
-        return fail(err, errlen, "tokenizer.ggml.tokens has %llu entries (1 to %d allowed)",
-                    (unsigned long long)tokens->arr_n, MAX_VOCAB);
+    if (!tokens) return errorf(err, errlen, "tokenizer.ggml.tokens is missing");
+    if (tokens->arr_n == 0 || tokens->arr_n > MODEL_MAX_VOCAB)
+        return errorf(err, errlen, "tokenizer.ggml.tokens has %llu entries (1 to %d allowed)",
+                    (unsigned long long)tokens->arr_n, MODEL_MAX_VOCAB);
     h.n_tokens = (uint32_t)tokens->arr_n;
     if (meta_array(g, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, &scores, err, errlen) < 0 ||
         meta_array(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, &types, err, errlen) < 0 ||
         meta_array(g, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &merges, err, errlen) < 0)
         return -1;
     if (scores && scores->arr_n != h.n_tokens)
-        return fail(err, errlen, "tokenizer.ggml.scores has %llu entries, tokens has %u",
+        return errorf(err, errlen, "tokenizer.ggml.scores has %llu entries, tokens has %u",
                     (unsigned long long)scores->arr_n, h.n_tokens);
     if (types && types->arr_n != h.n_tokens)
-        return fail(err, errlen, "tokenizer.ggml.token_type has %llu entries, tokens has %u",
+        return errorf(err, errlen, "tokenizer.ggml.token_type has %llu entries, tokens has %u",
                     (unsigned long long)types->arr_n, h.n_tokens);
     struct { const char *key; int32_t *dst; } ids[] = {
         {"tokenizer.ggml.bos_token_id", &h.bos}, {"tokenizer.ggml.eos_token_id", &h.eos},
@@ -833,10 +783,10 @@ static int tok_from_gguf(Buf *b, const Gguf *g, char *err, size_t errlen) {
     h.pre = "";
     if (meta_str(g, "tokenizer.ggml.pre", &h.pre, &h.pre_len, err, errlen) < 0) return -1;
     if (h.pre_len > 31)
-        return fail(err, errlen, "tokenizer.ggml.pre '" NAMEFMT "' is longer than 31 bytes", NAMEARG(h.pre, h.pre_len));
+        return errorf(err, errlen, "tokenizer.ggml.pre '" NAMEFMT "' is longer than 31 bytes", NAMEARG(h.pre, h.pre_len));
     h.chat = "";
     if (meta_str(g, "tokenizer.chat_template", &h.chat, &h.chat_len, err, errlen) < 0) return -1;
-    if (h.chat_len > UINT32_MAX) return fail(err, errlen, "tokenizer.chat_template is too long");
+    if (h.chat_len > UINT32_MAX) return errorf(err, errlen, "tokenizer.chat_template is too long");
     tok_put_header(b, &h);
     /* the string arrays were bounds-checked by gguf_parse, so walking them again is safe */
     const uint8_t *tp = tokens->val;
@@ -844,26 +794,26 @@ static int tok_from_gguf(Buf *b, const Gguf *g, char *err, size_t errlen) {
         uint64_t n = rd_u64(tp);
         buf_f32(b, scores ? rd_f32(scores->val + 4 * (size_t)i) : 0.0f);
         buf_u32(b, types ? rd_u32(types->val + 4 * (size_t)i) : 1u);
-        if (n > UINT32_MAX) return fail(err, errlen, "token %u is longer than 4 GiB", i);
+        if (n > UINT32_MAX) return errorf(err, errlen, "token %u is longer than 4 GiB", i);
         buf_u32(b, (uint32_t)n);
         buf_put(b, tp + 8, (size_t)n);
         tp += 8 + n;
     }
     uint64_t n_merges = merges ? merges->arr_n : 0;
     if (h.kind == 2 && n_merges == 0)   /* tokenizer.c refuses such a section */
-        return fail(err, errlen, "tokenizer.ggml.merges is missing or empty: a byte-level BPE (gpt2) vocabulary needs "
+        return errorf(err, errlen, "tokenizer.ggml.merges is missing or empty: a byte-level BPE (gpt2) vocabulary needs "
                     "its merges");
-    if (n_merges > UINT32_MAX) return fail(err, errlen, "too many merges");
+    if (n_merges > UINT32_MAX) return errorf(err, errlen, "too many merges");
     buf_u32(b, (uint32_t)n_merges);
     const uint8_t *mp = merges ? merges->val : NULL;
     for (uint64_t i = 0; i < n_merges; i++) {
         uint64_t n = rd_u64(mp);
-        if (n > UINT32_MAX) return fail(err, errlen, "merge %llu is longer than 4 GiB", (unsigned long long)i);
+        if (n > UINT32_MAX) return errorf(err, errlen, "merge %llu is longer than 4 GiB", (unsigned long long)i);
         buf_u32(b, (uint32_t)n);
         buf_put(b, mp + 8, (size_t)n);
         mp += 8 + n;
     }
-    return b->oom ? fail(err, errlen, "out of memory") : 0;
+    return b->oom ? errorf(err, errlen, "out of memory") : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -876,14 +826,14 @@ static int map_file(Mapped *m, const char *path, char *err, size_t errlen) {
     m->p = NULL;
     m->n = 0;
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0) { close(fd); return fail(err, errlen, "cannot stat %s: %s", path, strerror(errno)); }
-    if (S_ISDIR(st.st_mode)) { close(fd); return fail(err, errlen, "%s is a directory, not a file", path); }
-    if (!S_ISREG(st.st_mode)) { close(fd); return fail(err, errlen, "%s is not a regular file", path); }
-    if (st.st_size == 0) { close(fd); return fail(err, errlen, "%s is empty", path); }
+    if (fd < 0) return errorf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) { close(fd); return errorf(err, errlen, "cannot stat %s: %s", path, strerror(errno)); }
+    if (S_ISDIR(st.st_mode)) { close(fd); return errorf(err, errlen, "%s is a directory, not a file", path); }
+    if (!S_ISREG(st.st_mode)) { close(fd); return errorf(err, errlen, "%s is not a regular file", path); }
+    if (st.st_size == 0) { close(fd); return errorf(err, errlen, "%s is empty", path); }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return fail(err, errlen, "cannot map %s: %s", path, strerror(errno));
+    if (p == MAP_FAILED) return errorf(err, errlen, "cannot map %s: %s", path, strerror(errno));
     m->p = p;
     m->n = (size_t)st.st_size;
     return 0;
@@ -908,30 +858,21 @@ typedef struct {
 /* uniform in [-1, 1): the top 24 bits, so every value is an exact f32 */
 static float rand_unit(uint64_t *state) { return (float)(splitmix64(state) >> 40) * 0x1p-23f - 1.0f; }
 
-static void put32(uint8_t *h, size_t off, uint32_t v) {
-    for (int i = 0; i < 4; i++) h[off + i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *h, size_t off, uint64_t v) {
-    put32(h, off, (uint32_t)v);
-    put32(h, off + 4, (uint32_t)(v >> 32));
-}
-static void putf(uint8_t *h, size_t off, float f) { uint32_t u; memcpy(&u, &f, 4); put32(h, off, u); }
-
 #define CHUNK_ELEMS ((size_t)1 << 20)   /* dequantize this many values at a time: 4 MiB, a multiple of every block */
 
 /* Whether tensor s is stored quantized under c's wtype: every matrix but the embedding (whose rows run copies). */
-static int tensor_quantized(const ModelConfig *c, const TensorSpec *s) {
+static int tensor_quantized(const Config *c, const TensorSpec *s) {
     return c->wtype == EXPORT_WTYPE_Q8 && !s->is_vec && strcmp(s->name, "token_embd.weight") != 0;
 }
 /* Bytes of tensor s in model.bin, before padding (FORMAT.md). */
-static size_t tensor_bytes(const ModelConfig *c, const TensorSpec *s) {
+static size_t tensor_bytes(const Config *c, const TensorSpec *s) {
     if (tensor_quantized(c, s)) return s->rows * (s->cols / Q8_GROUP) * sizeof(BlockQ8);
     return s->rows * s->cols * 4;
 }
 
 /* A q8 file reads its classifier as int8 groups, so a tied model is written untied: tied = 0 and an output.weight
  * that holds the embedding's values quantized (the embedding itself stays f32). Returns 1 when it untied c. */
-static int untie_for_q8(ModelConfig *c) {
+static int untie_for_q8(Config *c) {
     if (c->wtype != EXPORT_WTYPE_Q8 || !c->tied) return 0;
     c->tied = 0;
     return 1;
@@ -955,37 +896,37 @@ static int output_check(const char *out, const char *const *in, const char *cons
                         size_t errlen) {
     struct stat so, si;
     char tmp[4096], dir[4096];
-    if (!out[0]) return fail(err, errlen, "the output path is empty");
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp) return fail(err, errlen, "output path too long");
+    if (!out[0]) return errorf(err, errlen, "the output path is empty");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp) return errorf(err, errlen, "output path too long");
     const char *slash = strrchr(out, '/');
     if (!slash) snprintf(dir, sizeof dir, ".");
     else snprintf(dir, sizeof dir, "%.*s", slash == out ? 1 : (int)(slash - out), out);
     int have_out = stat(out, &so) == 0;
-    if (!have_out && errno != ENOENT) return fail(err, errlen, "cannot write output %s: %s", out, strerror(errno));
+    if (!have_out && errno != ENOENT) return errorf(err, errlen, "cannot write output %s: %s", out, strerror(errno));
     if (have_out && !S_ISREG(so.st_mode))
-        return fail(err, errlen, "output %s is %s, not a regular file (export writes %s.tmp and renames it over the "
+        return errorf(err, errlen, "output %s is %s, not a regular file (export writes %s.tmp and renames it over the "
                     "output)", out, file_kind(so.st_mode), out);
     for (int i = 0; have_out && i < n_in; i++)
         if (in[i] && stat(in[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-            return fail(err, errlen, "output %s is the same file as the %s %s: refusing to overwrite it", out, what[i],
+            return errorf(err, errlen, "output %s is the same file as the %s %s: refusing to overwrite it", out, what[i],
                         in[i]);
     struct stat sd;
     if (stat(dir, &sd) != 0)
-        return errno == ENOENT ? fail(err, errlen, "cannot create output %s: directory %s does not exist", out, dir)
-                               : fail(err, errlen, "cannot create output %s: directory %s: %s", out, dir,
+        return errno == ENOENT ? errorf(err, errlen, "cannot create output %s: directory %s does not exist", out, dir)
+                               : errorf(err, errlen, "cannot create output %s: directory %s: %s", out, dir,
                                       strerror(errno));
-    if (!S_ISDIR(sd.st_mode)) return fail(err, errlen, "cannot create output %s: %s is not a directory", out, dir);
+    if (!S_ISDIR(sd.st_mode)) return errorf(err, errlen, "cannot create output %s: %s is not a directory", out, dir);
     if (access(dir, W_OK | X_OK) != 0)
-        return fail(err, errlen, "cannot create output %s: directory %s is not writable (%s)", out, dir,
+        return errorf(err, errlen, "cannot create output %s: directory %s is not writable (%s)", out, dir,
                     strerror(errno));
     struct stat st;
     if (lstat(tmp, &st) == 0) {
         if (!S_ISREG(st.st_mode))
-            return fail(err, errlen, "%s (the temporary file for output %s) exists and is %s: remove it", tmp, out,
+            return errorf(err, errlen, "%s (the temporary file for output %s) exists and is %s: remove it", tmp, out,
                         file_kind(st.st_mode));
         for (int i = 0; i < n_in; i++)
             if (in[i] && stat(in[i], &si) == 0 && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
-                return fail(err, errlen, "%s (the temporary file for output %s) is the same file as the %s %s: "
+                return errorf(err, errlen, "%s (the temporary file for output %s) is the same file as the %s %s: "
                             "refusing to overwrite it", tmp, out, what[i], in[i]);
     }
     return 0;
@@ -993,43 +934,33 @@ static int output_check(const char *out, const char *const *in, const char *cons
 
 /* Writes model.bin to out (via out.tmp, renamed when complete). specs/srcs: n tensors in model_layout's order;
  * tok: the tokenizer section (len 0 = ids-only); rng: the random generator state when a src is random. */
-static int model_write(const char *out, const ModelConfig *c, const Buf *tok, const TensorSpec *specs,
+static int model_write(const char *out, const Config *c, const Buf *tok, const TensorSpec *specs,
                        const TensorSrc *srcs, size_t n, uint64_t *rng, char *err, size_t errlen) {
     if (c->wtype != EXPORT_WTYPE_F32 && c->wtype != EXPORT_WTYPE_Q8)
-        return fail(err, errlen, "wtype %d is not available (f32 and q8 are)", c->wtype);
+        return errorf(err, errlen, "wtype %d is not available (f32 and q8 are)", c->wtype);
     for (size_t i = 0; i < n; i++)
         if (tensor_quantized(c, &specs[i]) && specs[i].cols % Q8_GROUP)
-            return fail(err, errlen, "--wtype q8 needs every matrix's columns to be a multiple of %d: tensor %s has "
+            return errorf(err, errlen, "--wtype q8 needs every matrix's columns to be a multiple of %d: tensor %s has "
                         "%zu columns", Q8_GROUP, specs[i].name, specs[i].cols);
-    uint8_t h[MODEL_HEADER_BYTES] = {0};
+    uint8_t h[MODEL_HEADER_BYTES];
     size_t tok_off = tok->len ? MODEL_HEADER_BYTES : 0;
     size_t w_off = align_up(MODEL_HEADER_BYTES + tok->len, MODEL_ALIGN), w_bytes = 0;
     for (size_t i = 0; i < n; i++) w_bytes += align_up(tensor_bytes(c, &specs[i]), MODEL_ALIGN);
-    put32(h, 0, MODEL_MAGIC);
-    put32(h, 4, MODEL_VERSION);
-    int32_t ints[] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
-                      c->seq_len, c->rope_pairing, c->tied, c->wtype, c->has_rope_factors};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) put32(h, 8 + 4 * i, (uint32_t)ints[i]);
-    putf(h, 56, c->rope_theta);
-    putf(h, 60, c->norm_eps);
-    put64(h, 64, tok_off);
-    put64(h, 72, tok->len);
-    put64(h, 80, w_off);
-    put64(h, 88, w_bytes);
-    put64(h, 96, w_off + w_bytes);
+    ModelHeader hd = {*c, tok_off, tok->len, w_off, w_bytes, w_off + w_bytes};
+    model_header_pack(h, &hd);
 
     char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp) return fail(err, errlen, "output path too long");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp) return errorf(err, errlen, "output path too long");
     /* output_check ran before: this only guards against a FIFO or symlink put there since (no hang, no follow) */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK, 0666);
-    if (fd < 0) return fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, errlen, "cannot create %s: not a regular file", tmp);
+        return errorf(err, errlen, "cannot create %s: not a regular file", tmp);
     }
     FILE *f = fdopen(fd, "wb");
-    if (!f) { close(fd); remove(tmp); return fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno)); }
+    if (!f) { close(fd); remove(tmp); return errorf(err, errlen, "cannot create %s: %s", tmp, strerror(errno)); }
     float *buf = malloc(CHUNK_ELEMS * sizeof *buf);
     BlockQ8 *qbuf = malloc(CHUNK_ELEMS / Q8_GROUP * sizeof *qbuf);
     uint64_t first_rng = rng ? *rng : 0;   /* the generator's state at tensor 0, to redraw its values */
@@ -1052,7 +983,7 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
             if (srcs[i].data) {
                 if (export_dequantize(buf, srcs[i].data + done / blck * bytes, srcs[i].type, k)) {
                     const char *tn = export_ggml_type_name(srcs[i].type);
-                    fail(err, errlen, "unsupported tensor type %s (id %u) in tensor %s", tn ? tn : "?", srcs[i].type,
+                    errorf(err, errlen, "unsupported tensor type %s (id %u) in tensor %s", tn ? tn : "?", srcs[i].type,
                          specs[i].name);
                     ok = 0;
                     break;
@@ -1060,7 +991,7 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
                 if (!strcmp(specs[i].name, "rope_freqs.weight"))   /* the bounds run.c's loader checks */
                     for (size_t j = 0; ok && j < k; j++)
                         if (!(buf[j] > 0 && buf[j] < 1e6f)) {
-                            fail(err, errlen, "tensor rope_freqs.weight: factor %zu = %g is not a positive finite "
+                            errorf(err, errlen, "tensor rope_freqs.weight: factor %zu = %g is not a positive finite "
                                  "number", done + j, (double)buf[j]);
                             ok = 0;
                         }
@@ -1082,20 +1013,20 @@ static int model_write(const char *out, const ModelConfig *c, const Buf *tok, co
     }
     free(buf);
     free(qbuf);
-    if (!ok && !err[0]) fail(err, errlen, "cannot write %s: %s", tmp, buf ? strerror(errno) : "out of memory");
-    if (fclose(f) != 0 && ok) { ok = 0; fail(err, errlen, "cannot write %s: %s", tmp, strerror(errno)); }
-    if (ok && rename(tmp, out) != 0) { ok = 0; fail(err, errlen, "cannot rename %s to %s: %s", tmp, out, strerror(errno)); }
+    if (!ok && !err[0]) errorf(err, errlen, "cannot write %s: %s", tmp, buf ? strerror(errno) : "out of memory");
+    if (fclose(f) != 0 && ok) { ok = 0; errorf(err, errlen, "cannot write %s: %s", tmp, strerror(errno)); }
+    if (ok && rename(tmp, out) != 0) { ok = 0; errorf(err, errlen, "cannot rename %s to %s: %s", tmp, out, strerror(errno)); }
     if (!ok) remove(tmp);
     return ok ? 0 : -1;
 }
 
 /* Builds the spec list for c; the caller frees *specs. */
-static int layout_alloc(TensorSpec **specs, TensorSrc **srcs, size_t *n, const ModelConfig *c, char *err,
+static int layout_alloc(TensorSpec **specs, TensorSrc **srcs, size_t *n, const Config *c, char *err,
                         size_t errlen) {
     *n = model_layout(NULL, c);
     *specs = calloc(*n ? *n : 1, sizeof **specs);
     *srcs = calloc(*n ? *n : 1, sizeof **srcs);
-    if (!*specs || !*srcs) { free(*specs); free(*srcs); return fail(err, errlen, "out of memory"); }
+    if (!*specs || !*srcs) { free(*specs); free(*srcs); return errorf(err, errlen, "out of memory"); }
     model_layout(*specs, c);
     return 0;
 }
@@ -1111,75 +1042,75 @@ static int hparam(const Gguf *g, const char *key, int dflt, int max, int *out, c
     int r = meta_int(g, full, &v, err, errlen);
     if (r < 0) return -1;
     if (r == 0) {
-        if (dflt < 0) return fail(err, errlen, "required key %s is missing", full);
+        if (dflt < 0) return errorf(err, errlen, "required key %s is missing", full);
         *out = dflt;
         return 0;
     }
-    if (v <= 0 || v > max) return fail(err, errlen, "%s = %lld is out of range (1 to %d)", full, (long long)v, max);
+    if (v <= 0 || v > max) return errorf(err, errlen, "%s = %lld is out of range (1 to %d)", full, (long long)v, max);
     *out = (int)v;
     return 0;
 }
 
 /* Reads the llama hyperparameters and checks the tensors against them. */
-static int gguf_config(ModelConfig *c, const Gguf *g, char *err, size_t errlen) {
+static int gguf_config(Config *c, const Gguf *g, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    if (hparam(g, "embedding_length", -1, MAX_DIM, &c->dim, err, errlen) ||
-        hparam(g, "feed_forward_length", -1, MAX_HIDDEN, &c->hidden_dim, err, errlen) ||
-        hparam(g, "block_count", -1, MAX_LAYERS, &c->n_layers, err, errlen) ||
-        hparam(g, "attention.head_count", -1, MAX_HEADS, &c->n_heads, err, errlen) ||
-        hparam(g, "attention.head_count_kv", c->n_heads, MAX_HEADS, &c->n_kv_heads, err, errlen) ||
-        hparam(g, "context_length", -1, MAX_SEQ, &c->seq_len, err, errlen))
+    if (hparam(g, "embedding_length", -1, MODEL_MAX_DIM, &c->dim, err, errlen) ||
+        hparam(g, "feed_forward_length", -1, MODEL_MAX_HIDDEN, &c->hidden_dim, err, errlen) ||
+        hparam(g, "block_count", -1, MODEL_MAX_LAYERS, &c->n_layers, err, errlen) ||
+        hparam(g, "attention.head_count", -1, MODEL_MAX_HEADS, &c->n_heads, err, errlen) ||
+        hparam(g, "attention.head_count_kv", c->n_heads, MODEL_MAX_HEADS, &c->n_kv_heads, err, errlen) ||
+        hparam(g, "context_length", -1, MODEL_MAX_SEQ, &c->seq_len, err, errlen))
         return -1;
     /* head_dim: attention.key_length when given (it may differ from dim/n_heads); llama rotates the whole head, so
      * rope.dimension_count, when given, must agree with it */
     int key_len = 0, rope_dim = 0, val_len = 0;
-    if (hparam(g, "attention.key_length", 0, MAX_HEAD_DIM, &key_len, err, errlen) ||
-        hparam(g, "attention.value_length", 0, MAX_HEAD_DIM, &val_len, err, errlen) ||
-        hparam(g, "rope.dimension_count", 0, MAX_HEAD_DIM, &rope_dim, err, errlen))
+    if (hparam(g, "attention.key_length", 0, MODEL_MAX_HEAD_DIM, &key_len, err, errlen) ||
+        hparam(g, "attention.value_length", 0, MODEL_MAX_HEAD_DIM, &val_len, err, errlen) ||
+        hparam(g, "rope.dimension_count", 0, MODEL_MAX_HEAD_DIM, &rope_dim, err, errlen))
         return -1;
     c->head_dim = key_len ? key_len : rope_dim ? rope_dim : c->dim / c->n_heads;
     if (rope_dim && rope_dim != c->head_dim)
-        return fail(err, errlen, "llama.rope.dimension_count %d differs from head_dim %d (partial RoPE is not "
+        return errorf(err, errlen, "llama.rope.dimension_count %d differs from head_dim %d (partial RoPE is not "
                     "supported)", rope_dim, c->head_dim);
     if (val_len && val_len != c->head_dim)
-        return fail(err, errlen, "llama.attention.value_length %d differs from key_length %d", val_len, c->head_dim);
+        return errorf(err, errlen, "llama.attention.value_length %d differs from key_length %d", val_len, c->head_dim);
     double theta = 10000.0, eps = 0;
     if (meta_float(g, "llama.rope.freq_base", &theta, err, errlen) < 0) return -1;
     int r = meta_float(g, "llama.attention.layer_norm_rms_epsilon", &eps, err, errlen);
     if (r < 0) return -1;
-    if (r == 0) return fail(err, errlen, "required key llama.attention.layer_norm_rms_epsilon is missing");
+    if (r == 0) return errorf(err, errlen, "required key llama.attention.layer_norm_rms_epsilon is missing");
     c->rope_theta = (float)theta;
     c->norm_eps = (float)eps;
     const GgufTensor *emb = gguf_find_tensor(g, "token_embd.weight");
-    if (!emb) return fail(err, errlen, "required tensor token_embd.weight is missing");
-    if (emb->n_dims != 2 || emb->ne[1] > MAX_VOCAB)
-        return fail(err, errlen, "tensor token_embd.weight has %u dimensions [%llu, %llu], expected [dim, vocab]",
+    if (!emb) return errorf(err, errlen, "required tensor token_embd.weight is missing");
+    if (emb->n_dims != 2 || emb->ne[1] > MODEL_MAX_VOCAB)
+        return errorf(err, errlen, "tensor token_embd.weight has %u dimensions [%llu, %llu], expected [dim, vocab]",
                     emb->n_dims, (unsigned long long)emb->ne[0], (unsigned long long)emb->ne[1]);
     c->vocab_size = (int)emb->ne[1];
     c->tied = gguf_find_tensor(g, "output.weight") == NULL;
     c->has_rope_factors = gguf_find_tensor(g, "rope_freqs.weight") != NULL;
     c->rope_pairing = 0;   /* llama GGUF Q/K rows are stored permuted for adjacent pairs (convert_hf_to_gguf) */
-    return config_check(c, err, errlen);
+    return model_config_check(c, err, errlen);
 }
 
 /* The GGUF tensor for spec s, with its shape checked: [cols] for a vector, [cols, rows] for a matrix. */
 static int gguf_bind(TensorSrc *src, const Gguf *g, const TensorSpec *s, char *err, size_t errlen) {
     const GgufTensor *t = gguf_find_tensor(g, s->name);
-    if (!t) return fail(err, errlen, "required tensor %s is missing", s->name);
+    if (!t) return errorf(err, errlen, "required tensor %s is missing", s->name);
     int ndims = 4;
     while (ndims > 1 && t->ne[ndims - 1] == 1) ndims--;
     int ok = s->is_vec ? (ndims == 1 && t->ne[0] == s->cols)
                        : (ndims <= 2 && t->ne[0] == s->cols && t->ne[1] == s->rows);
     if (!ok) {
         if (s->is_vec)
-            return fail(err, errlen, "tensor %s has shape [%llu, %llu], expected [%zu]", s->name,
+            return errorf(err, errlen, "tensor %s has shape [%llu, %llu], expected [%zu]", s->name,
                         (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], s->cols);
-        return fail(err, errlen, "tensor %s has wrong shape [%llu, %llu], expected [%zu, %zu] (ne0 = columns first)",
+        return errorf(err, errlen, "tensor %s has wrong shape [%llu, %llu], expected [%zu, %zu] (ne0 = columns first)",
                     s->name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], s->cols, s->rows);
     }
     if (!dequant_supported(t->type)) {
         const char *tn = export_ggml_type_name(t->type);
-        return fail(err, errlen, "unsupported tensor type %s (id %u) in tensor %s", tn ? tn : "?", t->type, s->name);
+        return errorf(err, errlen, "unsupported tensor type %s (id %u) in tensor %s", tn ? tn : "?", t->type, s->name);
     }
     src->data = t->data;
     src->type = t->type;
@@ -1203,15 +1134,15 @@ int export_from_gguf(const char *in, const char *out, int vocab_only, int wtype,
     size_t arch_len = 0;
     int r = meta_str(&g, "general.architecture", &arch, &arch_len, err, errlen);
     if (r < 0) goto done;
-    if (r == 0) { fail(err, errlen, "general.architecture is missing"); goto done; }
+    if (r == 0) { errorf(err, errlen, "general.architecture is missing"); goto done; }
     if (!vocab_only && !(arch_len == 5 && !memcmp(arch, "llama", 5))) {
-        fail(err, errlen, "unsupported architecture '" NAMEFMT "' (only llama)", NAMEARG(arch, arch_len));
+        errorf(err, errlen, "unsupported architecture '" NAMEFMT "' (only llama)", NAMEARG(arch, arch_len));
         goto done;
     }
     if (tok_from_gguf(&tok, &g, err, errlen)) goto done;
-    ModelConfig c;
+    Config c;
     if (vocab_only) {
-        if (!tok.len) { fail(err, errlen, "no tokenizer.ggml.model: nothing to write with --vocab-only"); goto done; }
+        if (!tok.len) { errorf(err, errlen, "no tokenizer.ggml.model: nothing to write with --vocab-only"); goto done; }
         memset(&c, 0, sizeof c);
         c.vocab_size = (int)rd_u32(tok.p + 4);
     } else {
@@ -1219,7 +1150,7 @@ int export_from_gguf(const char *in, const char *out, int vocab_only, int wtype,
         c.wtype = wtype;
         int untied = untie_for_q8(&c);
         if (tok.len && rd_u32(tok.p + 4) != (uint32_t)c.vocab_size) {
-            fail(err, errlen, "the tokenizer has %u tokens but token_embd.weight has %d rows", rd_u32(tok.p + 4),
+            errorf(err, errlen, "the tokenizer has %u tokens but token_embd.weight has %d rows", rd_u32(tok.p + 4),
                  c.vocab_size);
             goto done;
         }
@@ -1253,23 +1184,23 @@ static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size
     if (map_file(&m, path, err, errlen)) return -1;
     size_t off = 4, count = 0;
     int rc = -1;
-    if (m.n < 4) { fail(err, errlen, "tokenizer %s is too short for its header", path); goto done; }
+    if (m.n < 4) { errorf(err, errlen, "tokenizer %s is too short for its header", path); goto done; }
     /* llama2.c's reader sizes its buffers by max_token_length: every entry must fit in it */
     int32_t max_len = (int32_t)rd_u32(m.p);
-    if (max_len < 0) { fail(err, errlen, "tokenizer %s: max_token_length %d is negative", path, max_len); goto done; }
+    if (max_len < 0) { errorf(err, errlen, "tokenizer %s: max_token_length %d is negative", path, max_len); goto done; }
     /* first pass: count the entries, checking each against the file length and max_token_length */
     while (off < m.n) {
         if (m.n - off < 8) {
-            fail(err, errlen, "tokenizer %s: entry %zu is cut off at the end of the file", path, count);
+            errorf(err, errlen, "tokenizer %s: entry %zu is cut off at the end of the file", path, count);
             goto done;
         }
         int32_t len = (int32_t)rd_u32(m.p + off + 4);
         if (len < 0 || (size_t)len > m.n - off - 8) {
-            fail(err, errlen, "tokenizer %s: token %zu length %d runs past the end of the file", path, count, len);
+            errorf(err, errlen, "tokenizer %s: token %zu length %d runs past the end of the file", path, count, len);
             goto done;
         }
         if (len > max_len) {
-            fail(err, errlen, "tokenizer %s: token %zu length %d is larger than the header's max_token_length %d",
+            errorf(err, errlen, "tokenizer %s: token %zu length %d is larger than the header's max_token_length %d",
                  path, count, len, max_len);
             goto done;
         }
@@ -1277,7 +1208,7 @@ static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size
         count++;
     }
     if (count != (size_t)vocab) {
-        fail(err, errlen, "tokenizer %s has %zu entries but the model's vocab_size is %d", path, count, vocab);
+        errorf(err, errlen, "tokenizer %s has %zu entries but the model's vocab_size is %d", path, count, vocab);
         goto done;
     }
     TokHeader h = {.kind = 1, .n_tokens = (uint32_t)vocab, .bos = 1, .eos = 2, .eot = -1, .pad = -1, .unk = 0,
@@ -1309,7 +1240,7 @@ static int tok_from_llama2c(Buf *b, const char *path, int vocab, char *err, size
     }
     free(piece.p);
     buf_u32(b, 0);   /* no merges: SentencePiece BPE merges by score */
-    rc = (b->oom || piece.oom) ? fail(err, errlen, "out of memory") : 0;
+    rc = (b->oom || piece.oom) ? errorf(err, errlen, "out of memory") : 0;
 done:
     unmap_file(&m);
     return rc;
@@ -1329,20 +1260,20 @@ int export_from_llama2c(const char *ckpt, const char *tokenizer, const char *out
     if (map_file(&m, ckpt, err, errlen)) return -1;
     int versioned = m.n >= 4 && rd_u32(m.p) == LLAMA2C_MAGIC;
     size_t hdr = versioned ? 256 : 28;
-    if (m.n < hdr) { fail(err, errlen, "%s is too short for a llama2.c header (%zu bytes)", ckpt, m.n); goto done; }
+    if (m.n < hdr) { errorf(err, errlen, "%s is too short for a llama2.c header (%zu bytes)", ckpt, m.n); goto done; }
     const uint8_t *p = m.p + (versioned ? 8 : 0);
     if (versioned) {
         int32_t version = (int32_t)rd_u32(m.p + 4);
         if (version == 2) {
-            fail(err, errlen, "%s is a llama2.c version 2 (int8) checkpoint: not supported, export it as version 1 "
+            errorf(err, errlen, "%s is a llama2.c version 2 (int8) checkpoint: not supported, export it as version 1 "
                  "(fp32)", ckpt);
             goto done;
         }
-        if (version != 1) { fail(err, errlen, "unsupported llama2.c checkpoint version %d", version); goto done; }
+        if (version != 1) { errorf(err, errlen, "unsupported llama2.c checkpoint version %d", version); goto done; }
     }
     int32_t hp[7];
     for (int i = 0; i < 7; i++) hp[i] = (int32_t)rd_u32(p + 4 * i);
-    ModelConfig c = {.dim = hp[0], .hidden_dim = hp[1], .n_layers = hp[2], .n_heads = hp[3], .n_kv_heads = hp[4],
+    Config c = {.dim = hp[0], .hidden_dim = hp[1], .n_layers = hp[2], .n_heads = hp[3], .n_kv_heads = hp[4],
                      .vocab_size = hp[5], .seq_len = hp[6], .rope_theta = 10000.0f, .norm_eps = 1e-5f};
     if (versioned) {
         c.tied = m.p[36] != 0;
@@ -1352,11 +1283,11 @@ int export_from_llama2c(const char *ckpt, const char *tokenizer, const char *out
         if (c.vocab_size < 0 && c.vocab_size != INT32_MIN) c.vocab_size = -c.vocab_size;
     }
     if (c.n_heads <= 0 || c.dim <= 0 || c.dim % c.n_heads) {
-        fail(err, errlen, "llama2.c header: dim %d is not a positive multiple of n_heads %d", c.dim, c.n_heads);
+        errorf(err, errlen, "llama2.c header: dim %d is not a positive multiple of n_heads %d", c.dim, c.n_heads);
         goto done;
     }
     c.head_dim = c.dim / c.n_heads;
-    if (config_check(&c, err, errlen)) goto done;
+    if (model_config_check(&c, err, errlen)) goto done;
 
     /* offsets (in floats) of each tensor kind in llama2.c's order */
     size_t D = (size_t)c.dim, H = (size_t)c.hidden_dim, L = (size_t)c.n_layers, V = (size_t)c.vocab_size,
@@ -1374,7 +1305,7 @@ int export_from_llama2c(const char *ckpt, const char *tokenizer, const char *out
         off += size[order[i]];
     }
     if (off * 4 != m.n) {
-        fail(err, errlen, "%s: the header describes %zu bytes of checkpoint, the file has %zu", ckpt, off * 4, m.n);
+        errorf(err, errlen, "%s: the header describes %zu bytes of checkpoint, the file has %zu", ckpt, off * 4, m.n);
         goto done;
     }
     if (tokenizer && tok_from_llama2c(&tok, tokenizer, c.vocab_size, err, errlen)) goto done;
@@ -1416,12 +1347,12 @@ done:
 
 int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t errlen) {
     err[0] = 0;
-    ModelConfig c = {.dim = r->dim, .hidden_dim = r->hidden_dim, .n_layers = r->n_layers, .n_heads = r->n_heads,
+    Config c = {.dim = r->dim, .hidden_dim = r->hidden_dim, .n_layers = r->n_layers, .n_heads = r->n_heads,
                      .n_kv_heads = r->n_kv_heads, .head_dim = r->head_dim, .vocab_size = r->vocab_size,
                      .seq_len = r->seq_len, .tied = r->tied, .has_rope_factors = r->rope_factors,
                      .rope_theta = r->rope_theta, .norm_eps = 1e-5f, .wtype = r->wtype};
     if (c.head_dim == 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
-    if (config_check(&c, err, errlen) || output_check(out, NULL, NULL, 0, err, errlen)) return -1;
+    if (model_config_check(&c, err, errlen) || output_check(out, NULL, NULL, 0, err, errlen)) return -1;
     int untied = untie_for_q8(&c);
     TensorSpec *specs;
     TensorSrc *srcs;
@@ -1442,124 +1373,3 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
     free(srcs);
     return rc;
 }
-
-/* ---------------------------------------------------------------------------------------------------------------
- * CLI */
-#ifndef KVLAB_NO_MAIN
-
-static const char *usage =
-    "usage: ./export IN.gguf OUT.bin [--wtype f32|q8] [--vocab-only]\n"
-    "       ./export --llama2c CKPT.bin [--tokenizer TOK.bin] OUT.bin [--wtype f32|q8]   (no tokenizer: ids-only)\n"
-    "       ./export --random OUT.bin --dim D --hidden H --layers L --heads NH --kv-heads NKV --vocab V --seq S\n"
-    "                --seed K [--head-dim HD] [--theta T] [--tied] [--rope-factors] [--wtype f32|q8]\n"
-    "--wtype q8: the matrices as int8 groups of 32 with an f16 scale (ggml's Q8_0 layout), quantized from f32;\n"
-    "            the embedding and norms stay f32, a tied classifier is written as its own q8 copy\n";
-
-static int parse_long(const char *flag, const char *s, long min, long max, long *out, char *err, size_t errlen) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end) return fail(err, errlen, "%s: '%s' is not an integer", flag, s);
-    if (v < min || v > max) return fail(err, errlen, "%s: %ld is out of range (%ld to %ld)", flag, v, min, max);
-    *out = v;
-    return 0;
-}
-
-int main(int argc, char **argv) {
-    char err[EXPORT_ERR_LEN] = "";
-    const uint16_t one = 1;
-    if (*(const uint8_t *)&one != 1) { fprintf(stderr, "export: this host is big-endian; model.bin is little-endian\n"); return 1; }
-    const char *pos[3];
-    int n_pos = 0, vocab_only = 0, tied = 0, rope_factors = 0;
-    const char *wtype = NULL, *llama2c = NULL, *tokenizer = NULL, *random_out = NULL;
-    /* --random's integer flags, in ExportRandomSpec order */
-    static const char *int_flags[] = {"--dim", "--hidden", "--layers", "--heads", "--kv-heads", "--head-dim",
-                                      "--vocab", "--seq", "--seed"};
-    long ints[9] = {0};
-    int have[9] = {0};
-    const char *theta = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); return 0; }
-        if (a[0] != '-' || a[1] == 0) {
-            if (n_pos == 3) { fprintf(stderr, "export: too many arguments ('%s')\n%s", a, usage); return 1; }
-            pos[n_pos++] = a;
-            continue;
-        }
-        if (!strcmp(a, "--vocab-only")) { vocab_only = 1; continue; }
-        if (!strcmp(a, "--tied")) { tied = 1; continue; }
-        if (!strcmp(a, "--rope-factors")) { rope_factors = 1; continue; }
-        const char **str_dst = !strcmp(a, "--wtype") ? &wtype : !strcmp(a, "--llama2c") ? &llama2c
-                             : !strcmp(a, "--tokenizer") ? &tokenizer : !strcmp(a, "--random") ? &random_out
-                             : !strcmp(a, "--theta") ? &theta : NULL;
-        int k = -1;
-        for (int j = 0; j < 9; j++) if (!strcmp(a, int_flags[j])) k = j;
-        if (!str_dst && k < 0) { fprintf(stderr, "export: unknown flag '%s'\n%s", a, usage); return 1; }
-        if (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] == '-')) {
-            fprintf(stderr, "export: flag %s needs a value\n%s", a, usage);
-            return 1;
-        }
-        const char *v = argv[++i];
-        if (str_dst) { *str_dst = v; continue; }
-        long max = k == 8 ? LONG_MAX : k == 6 ? MAX_VOCAB : k == 7 ? MAX_SEQ : k == 1 ? MAX_HIDDEN : MAX_DIM;
-        if (parse_long(a, v, k == 8 ? 0 : 1, max, &ints[k], err, sizeof err)) goto error;
-        have[k] = 1;
-    }
-    int wt = EXPORT_WTYPE_F32;
-    if (wtype) {
-        if (!strcmp(wtype, "q8")) wt = EXPORT_WTYPE_Q8;
-        else if (!strcmp(wtype, "q4")) { fprintf(stderr, "export: --wtype q4 is not yet available (f32, q8)\n"); return 1; }
-        else if (strcmp(wtype, "f32")) {
-            fprintf(stderr, "export: --wtype: unknown type '%s' (valid: f32, q8)\n", wtype);
-            return 1;
-        }
-        if (vocab_only) { fprintf(stderr, "export: --wtype has no meaning with --vocab-only (no weights)\n"); return 1; }
-    }
-    int modes = (llama2c != NULL) + (random_out != NULL);
-    if (modes > 1) { fprintf(stderr, "export: --llama2c and --random exclude each other\n%s", usage); return 1; }
-    if (random_out) {
-        if (n_pos || tokenizer || vocab_only) {
-            fprintf(stderr, "export: --random takes only the shape flags and --wtype\n%s", usage);
-            return 1;
-        }
-        for (int j = 0; j < 9; j++)
-            if (!have[j] && j != 5) { fprintf(stderr, "export: --random needs %s\n%s", int_flags[j], usage); return 1; }
-        ExportRandomSpec s = {(int)ints[0], (int)ints[1], (int)ints[2], (int)ints[3], (int)ints[4], (int)ints[5],
-                              (int)ints[6], (int)ints[7], (uint64_t)ints[8], 10000.0f, tied, rope_factors, wt};
-        if (theta) {
-            char *end;
-            s.rope_theta = strtof(theta, &end);
-            if (end == theta || *end || !(s.rope_theta > 0) || !isfinite(s.rope_theta)) {
-                fprintf(stderr, "export: --theta: '%s' is not a positive number\n", theta);
-                return 1;
-            }
-        }
-        if (export_random(&s, random_out, err, sizeof err)) goto error;
-        fprintf(stderr, "export: wrote %s (random, seed %llu%s)\n", random_out, (unsigned long long)s.seed,
-                wt == EXPORT_WTYPE_Q8 ? ", q8 matrices" : "");
-        return 0;
-    }
-    for (int j = 0; j < 9; j++)
-        if (have[j]) { fprintf(stderr, "export: %s is only for --random\n%s", int_flags[j], usage); return 1; }
-    if (theta || tied || rope_factors) { fprintf(stderr, "export: --theta, --tied, --rope-factors are only for --random\n"); return 1; }
-    if (llama2c) {
-        if (n_pos != 1 || vocab_only) {
-            fprintf(stderr, "export: --llama2c takes CKPT.bin [--tokenizer TOK.bin] OUT.bin [--wtype f32|q8]\n%s", usage);
-            return 1;
-        }
-        if (export_from_llama2c(llama2c, tokenizer, pos[0], wt, err, sizeof err)) goto error;
-        fprintf(stderr, "export: wrote %s from %s%s%s\n", pos[0], llama2c, tokenizer ? "" : " (ids-only)",
-                wt == EXPORT_WTYPE_Q8 ? " (q8 matrices)" : "");
-        return 0;
-    }
-    if (tokenizer) { fprintf(stderr, "export: --tokenizer is only for --llama2c\n%s", usage); return 1; }
-    if (n_pos != 2) { fprintf(stderr, "export: expected IN.gguf OUT.bin\n%s", usage); return 1; }
-    if (export_from_gguf(pos[0], pos[1], vocab_only, wt, err, sizeof err)) goto error;
-    fprintf(stderr, "export: wrote %s from %s%s\n", pos[1], pos[0],
-            vocab_only ? " (vocab only)" : wt == EXPORT_WTYPE_Q8 ? " (q8 matrices)" : "");
-    return 0;
-error:
-    fprintf(stderr, "export: %s\n", err);
-    return 1;
-}
-#endif

@@ -7,6 +7,7 @@
  * Legend: n_tokens = vocab_size; a "string" is an encode-side byte string: ids < vocab_size are tokens, larger ones
  * are merge intermediates that are not tokens; a "symbol" is a run of input bytes being merged. */
 #include "tokenizer.h"
+#include "util.h"
 #include "unicode_tables.h"
 
 #include <stdarg.h>
@@ -16,14 +17,6 @@
 
 /* ---------------------------------------------------------------------------------------------------------------
  * errors, small helpers */
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t hash_bytes(const void *p, size_t n) {   /* FNV-1a, 64 bit */
     const unsigned char *s = p;
@@ -256,14 +249,14 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
     const unsigned char *pre = rd_bytes(&r, 32);
     uint32_t tlen = rd_u32(&r);
     const unsigned char *tmpl = rd_bytes(&r, tlen);
-    if (r.bad) { set_err(err, errlen, "tokenizer section truncated in its header (%zu bytes)", nbytes); goto fail; }
+    if (r.bad) { errorf(err, errlen, "tokenizer section truncated in its header (%zu bytes)", nbytes); goto fail; }
     if (kind != TOKENIZER_SPM && kind != TOKENIZER_BPE) {
-        set_err(err, errlen, "tokenizer kind %u unknown (1 = SentencePiece BPE, 2 = byte-level BPE)", kind);
+        errorf(err, errlen, "tokenizer kind %u unknown (1 = SentencePiece BPE, 2 = byte-level BPE)", kind);
         goto fail;
     }
     /* each token takes at least 12 bytes, which bounds n_tokens by the section length */
     if (n_tokens == 0 || n_tokens > (nbytes - r.pos) / 12 || n_tokens > (1u << 30)) {
-        set_err(err, errlen, "tokenizer n_tokens %u does not fit the %zu-byte section", n_tokens, nbytes);
+        errorf(err, errlen, "tokenizer n_tokens %u does not fit the %zu-byte section", n_tokens, nbytes);
         goto fail;
     }
     t->kind = (int)kind;
@@ -275,7 +268,7 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
     static const char *special_names[5] = {"bos_id", "eos_id", "eot_id", "pad_id", "unk_id"};
     for (int i = 0; i < 5; i++)
         if (special[i] < -1 || special[i] >= (int32_t)n_tokens) {
-            set_err(err, errlen, "tokenizer %s %d out of range (vocab_size %u)", special_names[i], special[i],
+            errorf(err, errlen, "tokenizer %s %d out of range (vocab_size %u)", special_names[i], special[i],
                     n_tokens);
             goto fail;
         }
@@ -288,7 +281,7 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
                 t->ignore_merges = PRE_NAMES[i].ignore_merges;
             }
         if (t->pre_type == PRE_NONE) {
-            set_err(err, errlen, "unknown byte-level BPE pre-tokenizer '%s' (known: gpt2, gpt-2, smollm, llama-bpe, "
+            errorf(err, errlen, "unknown byte-level BPE pre-tokenizer '%s' (known: gpt2, gpt-2, smollm, llama-bpe, "
                     "llama3 and llama.cpp's aliases of these)", t->pre);
             goto fail;
         }
@@ -300,18 +293,18 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
         rd_u32(&r); rd_u32(&r);
         uint32_t len = rd_u32(&r);
         if (!r.bad && len > TOKENIZER_MAX_TOKEN_BYTES) {
-            set_err(err, errlen, "token %u is %u bytes long (limit %d)", i, len, TOKENIZER_MAX_TOKEN_BYTES);
+            errorf(err, errlen, "token %u is %u bytes long (limit %d)", i, len, TOKENIZER_MAX_TOKEN_BYTES);
             goto fail;
         }
         rd_bytes(&r, len);
     }
     uint32_t n_merges = rd_u32(&r);
     if (r.bad || n_merges > (nbytes - r.pos) / 4) {
-        set_err(err, errlen, "tokenizer section truncated in its token list or merge count");
+        errorf(err, errlen, "tokenizer section truncated in its token list or merge count");
         goto fail;
     }
     if (t->kind == TOKENIZER_BPE && n_merges == 0) {
-        set_err(err, errlen, "byte-level BPE vocabulary without merges");
+        errorf(err, errlen, "byte-level BPE vocabulary without merges");
         goto fail;
     }
     size_t cap_str = (size_t)n_tokens + 3 * (size_t)n_merges + 256;
@@ -396,7 +389,7 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
     for (uint32_t m = 0; m < n_merges; m++) {
         uint32_t len = rd_u32(&r);
         const unsigned char *s = rd_bytes(&r, len);
-        if (r.bad) { set_err(err, errlen, "tokenizer section truncated in merge %u", m); goto fail; }
+        if (r.bad) { errorf(err, errlen, "tokenizer section truncated in merge %u", m); goto fail; }
         if (t->kind != TOKENIZER_BPE || len > TOKENIZER_MAX_TOKEN_BYTES * 2) continue;
         const unsigned char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
         if (!sp) continue;
@@ -418,7 +411,7 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
         }
     }
     if (r.pos != r.n) {   /* a section longer than its contents means a corrupt header or section */
-        set_err(err, errlen, "tokenizer section is %zu bytes but its contents end after %zu", r.n, r.pos);
+        errorf(err, errlen, "tokenizer section is %zu bytes but its contents end after %zu", r.n, r.pos);
         goto fail;
     }
     /* the fallback for each byte */
@@ -456,7 +449,7 @@ int tokenizer_init(Tokenizer *t, const void *section, size_t nbytes, char *err, 
     }
     return 0;
 oom:
-    set_err(err, errlen, "out of memory reading the tokenizer section");
+    errorf(err, errlen, "out of memory reading the tokenizer section");
 fail:
     tokenizer_free(t);
     return -1;
@@ -838,7 +831,7 @@ static int encode_finish(Enc *e, size_t len, int **ids, size_t *n_ids, char *err
     free(e->heap);
     if (e->oom) {
         free(e->ids);
-        set_err(err, errlen, "out of memory encoding %zu bytes", len);
+        errorf(err, errlen, "out of memory encoding %zu bytes", len);
         return -1;
     }
     if (e->n_ids == 0) { free(e->ids); e->ids = NULL; }
@@ -854,7 +847,7 @@ int tokenizer_encode(const Tokenizer *t, const unsigned char *text, size_t len, 
     *ids = NULL;
     *n_ids = 0;
     if (add_bos) {
-        if (t->bos_id < 0) { set_err(err, errlen, "add_bos: the vocabulary has no BOS token"); return -1; }
+        if (t->bos_id < 0) { errorf(err, errlen, "add_bos: the vocabulary has no BOS token"); return -1; }
         emit(&e, t->bos_id);
     }
     encode_plain(&e, text, len);
@@ -895,7 +888,7 @@ int tokenizer_encode_special(const Tokenizer *t, const unsigned char *text, size
                              size_t *n_ids, char *err, size_t errlen) {
     *ids = NULL;
     *n_ids = 0;
-    if (add_bos && t->bos_id < 0) { set_err(err, errlen, "add_bos: the vocabulary has no BOS token"); return -1; }
+    if (add_bos && t->bos_id < 0) { errorf(err, errlen, "add_bos: the vocabulary has no BOS token"); return -1; }
     /* split: each special token in turn (longest first) cuts every plain fragment at each of its occurrences,
      * leftmost first, as llama.cpp's tokenizer_st_partition does; the list is rebuilt only when it matched */
     FragList cur = {0}, next = {0};

@@ -1,0 +1,363 @@
+/* cli.c: the command line of ./run: the flag table (which mode reads which flag; -h and README's table come from it),
+ * the parser, the tokenize and detokenize modes, and main, which loads the model, checks every -kv spec, picks the
+ * device and hands the job to run.c (generate, chat) or eval.c (ppl, passkey, bench). It runs no model code itself.
+ */
+#include "cli.h"
+#include "attn.h"
+#include "eval.h"
+#include "run.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The modes, and which flags each one reads: one table (FLAGS) drives the parser, the per-mode check, -h and
+ * README's flag table (./run -h flags prints it; tests/test_flags.sh checks README against it). */
+static const char *const MODES[] = {"generate", "chat", "ppl", "passkey", "bench", "tokenize", "detokenize"};
+#define N_MODES (int)(sizeof MODES / sizeof *MODES)
+enum { M_GEN = 1, M_CHAT = 2, M_PPL = 4, M_PASSKEY = 8, M_BENCH = 16, M_TOK = 32, M_DETOK = 64 };
+#define M_ALL 127
+#define M_CACHE (M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH)   /* the modes that run a KV cache */
+
+typedef struct {
+    const char *flag, *arg;   /* arg NULL: a switch without a value */
+    unsigned modes;           /* M_* bits of the modes that read it */
+    const char *help;
+} FlagDef;
+
+static const FlagDef FLAGS[] = {
+    {"-m", "MODE", M_ALL, "generate (default), chat, ppl, passkey, bench, tokenize, detokenize"},
+    {"-i", "TEXT", M_GEN | M_CHAT | M_TOK, "prompt or text (token ids on an ids-only model)"},
+    {"-f", "FILE", M_PPL | M_BENCH | M_TOK | M_DETOK,
+     "text (ppl: repeatable, one document each; bench: the prompt text, repeated; detokenize: ids)"},
+    {"-n", "N", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH,
+     "generate, chat: tokens to generate, default 256, 0 = up to the context; ppl: score at most N tokens; "
+     "passkey: answer tokens, default 8; bench: decode steps, default 32"},
+    {"-t", "T", M_GEN | M_CHAT, "temperature, default 1.0, 0 = greedy"},
+    {"-p", "P", M_GEN | M_CHAT, "top-p, default 0.9, in (0,1]"},
+    {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY, "seed: sampling (default: fresh each run, printed); passkey: the keys (default 1)"},
+    {"-c", "N", M_CACHE, "context: full's cache and the shadow's length, tokens; default: the trained context"},
+    {"-y", "TEXT", M_CHAT, "system prompt"},
+    {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
+    {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},
+    {"-kvlog", "FILE", M_GEN | M_CHAT, "eviction log, JSON lines"},
+    {"-d", "DEV", M_CACHE, "cpu or cuda, default cuda when usable (attention only, generate and chat)"},
+    {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH, "results, JSON lines, appended"},
+    {"-chunk", "N", M_PPL | M_PASSKEY, "tokens per batched step, default 1 (ppl), 32 (passkey); same results"},
+    {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
+    {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
+    {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
+    {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
+    {"-v", NULL, M_GEN | M_CHAT, "each prompt's token ids, and per-layer memory and policy detail"},
+    {"-h", NULL, M_ALL, "help: -h (this), -h policies (every method, its keys and paper), -h flags (README's table)"},
+};
+#define N_FLAGS (int)(sizeof FLAGS / sizeof *FLAGS)
+
+/* "generate, chat and tokenize" for a set of M_* bits */
+static void modes_list(char *buf, size_t cap, unsigned modes) {
+    int n = 0, k = 0;
+    for (int i = 0; i < N_MODES; i++) n += (modes >> i) & 1;
+    buf[0] = 0;
+    for (int i = 0; i < N_MODES; i++)
+        if ((modes >> i) & 1) {
+            size_t len = strlen(buf);
+            snprintf(buf + len, cap - len, "%s%s", k == 0 ? "" : k == n - 1 ? " and " : ", ", MODES[i]);
+            k++;
+        }
+}
+
+void usage(FILE *f) {
+    fprintf(f, "usage: ./run MODEL.bin [options]     (modes that read a flag in brackets)\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        char lhs[32], text[512];
+        snprintf(lhs, sizeof lhs, "%s%s%s", FLAGS[i].flag, FLAGS[i].arg ? " " : "", FLAGS[i].arg ? FLAGS[i].arg : "");
+        char modes[96] = "";
+        for (int m = 0; m < N_MODES && FLAGS[i].modes != M_ALL; m++)
+            if ((FLAGS[i].modes >> m) & 1) snprintf(modes + strlen(modes), sizeof modes - strlen(modes), " %s", MODES[m]);
+        snprintf(text, sizeof text, "%s [%s]", FLAGS[i].help, FLAGS[i].modes == M_ALL ? "all" : modes + 1);
+        /* wrapped at 100 columns, continuation lines under the text */
+        const char *p = text;
+        int first = 1;
+        while (*p) {
+            size_t len = strlen(p), cut = len;
+            if (len > 82) { cut = 82; while (cut > 0 && p[cut] != ' ') cut--; if (cut == 0) cut = 82; }
+            fprintf(f, "  %-15s %.*s\n", first ? lhs : "", (int)cut, p);
+            p += cut;
+            while (*p == ' ') p++;
+            first = 0;
+        }
+    }
+    fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
+               "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
+               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, pos=orig|cache, agg=mean|max\n"
+               "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
+}
+
+/* README's flag table, as markdown: a flag per row, a column per mode. */
+void usage_flags_markdown(FILE *f) {
+    fprintf(f, "| flag |");
+    for (int m = 0; m < N_MODES; m++) fprintf(f, " %s |", MODES[m]);
+    fprintf(f, " meaning |\n|---|");
+    for (int m = 0; m < N_MODES; m++) fprintf(f, ":-:|");
+    fprintf(f, "---|\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        fprintf(f, "| `%s%s%s` |", FLAGS[i].flag, FLAGS[i].arg ? " " : "", FLAGS[i].arg ? FLAGS[i].arg : "");
+        for (int m = 0; m < N_MODES; m++) fprintf(f, " %s |", (FLAGS[i].modes >> m) & 1 ? "x" : "");
+        fprintf(f, " %s |\n", FLAGS[i].help);
+    }
+}
+
+/* -h policies: every registered method with its keys, defaults and the paper it implements. */
+void usage_policies(FILE *f) {
+    fprintf(f, "KV policies (-kv NAME[:BUDGET][,key=value...]; a budget is tokens per lane or bytes for the whole "
+               "cache, e.g. 64MiB):\n");
+    for (int i = 0; kv_policy_at(i); i++) {
+        const KVPolicyOps *p = kv_policy_at(i);
+        fprintf(f, "\n  %s%s\n    %s\n    keys: %s\n    source: %s\n", p->name, p->needs_budget ? ":BUDGET" : "",
+                p->summary, *p->options ? p->options : "none of its own", p->paper);
+    }
+    fprintf(f, "\nkeys every policy takes:\n"
+               "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4\n"
+               "  residual=R                the R newest tokens of a lane kept in f32 (KIVI's residual), default 0\n"
+               "  pos=orig|cache            RoPE by original position (default) or by rank in the cache (StreamingLLM)\n"
+               "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n");
+}
+
+static const FlagDef *flag_find(const char *a) {
+    for (int i = 0; i < N_FLAGS; i++) if (!strcmp(a, FLAGS[i].flag)) return &FLAGS[i];
+    if (!strcmp(a, "--help")) return flag_find("-h");
+    return NULL;
+}
+
+/* Store one flag's value into o. 0, or -1 + message. */
+static int option_set(Options *o, const char *a, const char *v, char *err, size_t errlen) {
+    long n;
+    double x;
+    if (!strcmp(a, "-m")) {
+        for (int k = 0; k < N_MODES; k++) if (!strcmp(v, MODES[k])) { o->mode = MODES[k]; return 0; }
+        return errorf(err, errlen, "unknown mode '-m %s'; modes: generate, chat, ppl, passkey, bench, tokenize, "
+                      "detokenize", v);
+    } else if (!strcmp(a, "-i")) { o->prompt = v;
+    } else if (!strcmp(a, "-f")) {
+        if (o->n_files == MAX_FILES) return errorf(err, errlen, "too many -f files (at most %d)", MAX_FILES);
+        o->files[o->n_files++] = v;
+    } else if (!strcmp(a, "-n")) {
+        if (parse_long(v, 0, 1 << 30, &n)) return errorf(err, errlen, "bad -n '%s': a token count in [0, %d]", v, 1 << 30);
+        o->steps = (int)n;
+        o->steps_set = 1;
+    } else if (!strcmp(a, "-t")) {
+        if (parse_float(v, 0, 100, &x)) return errorf(err, errlen, "bad -t '%s': a temperature in [0, 100]", v);
+        o->temperature = (float)x;
+    } else if (!strcmp(a, "-p")) {
+        if (parse_float(v, 0, 1, &x) || x == 0) return errorf(err, errlen, "bad -p '%s': top-p in (0, 1]", v);
+        o->topp = (float)x;
+    } else if (!strcmp(a, "-s")) {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(v, &end, 10);
+        if (errno || *end || end == v || *v < '0' || *v > '9')
+            return errorf(err, errlen, "bad -s '%s': a seed in [0, 2^64)", v);
+        o->seed = s;
+        o->seed_set = 1;
+    } else if (!strcmp(a, "-c")) {
+        if (parse_long(v, 1, 1 << 24, &n)) return errorf(err, errlen, "bad -c '%s': a context length in [1, %d]", v, 1 << 24);
+        o->ctx = (int)n;
+    } else if (!strcmp(a, "-y")) { o->system = v;
+    } else if (!strcmp(a, "-kv")) {
+        if (o->n_kv == MAX_POLICIES) return errorf(err, errlen, "too many -kv policies (at most %d)", MAX_POLICIES);
+        o->kv[o->n_kv++] = v;
+    } else if (!strcmp(a, "-kvt")) {
+        int ty = kv_type_parse(v);
+        if (ty < 0) return errorf(err, errlen, "unknown -kvt '%s'; types: f32, f16, bf16, q8, q4", v);
+        o->kvt = (KVType)ty;
+    } else if (!strcmp(a, "-kvlog")) { o->kvlog = v;
+    } else if (!strcmp(a, "-d")) {
+        if (strcmp(v, "cpu") && strcmp(v, "cuda")) return errorf(err, errlen, "unknown device '-d %s'; devices: cpu, cuda", v);
+        o->device = v;
+    } else if (!strcmp(a, "-o")) { o->out = v;
+    } else if (!strcmp(a, "-chunk")) {
+        if (parse_long(v, 1, 1 << 16, &n)) return errorf(err, errlen, "bad -chunk '%s': a chunk size in [1, 65536]", v);
+        o->chunk = (int)n;
+    } else if (!strcmp(a, "-ppl-mode")) {
+        if (strcmp(v, "stream") && strcmp(v, "chunked"))
+            return errorf(err, errlen, "unknown -ppl-mode '%s'; modes: stream, chunked", v);
+        o->ppl_mode = v;
+    } else if (!strcmp(a, "-tokenlog")) { o->tokenlog = v;
+    } else if (!strcmp(a, "-ids")) { o->print_ids = 1;
+    } else if (!strcmp(a, "-bos")) { o->add_bos = 1;
+    } else if (!strcmp(a, "-v")) { o->verbose = 1;
+    }
+    return 0;
+}
+
+int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
+    memset(o, 0, sizeof *o);
+    o->mode = "generate";
+    o->steps = 256;
+    o->temperature = 1.0f;
+    o->topp = 0.9f;
+    o->kvt = KV_F32;
+    o->device = "auto";
+    o->ppl_mode = "stream";
+    o->argc = argc;
+    o->argv = argv;
+    if (argc < 2) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");
+    int first = 2;
+    if (flag_find(argv[1]) == flag_find("-h")) first = 1;   /* ./run -h [topic] */
+    else o->model_path = argv[1];
+    const FlagDef *given[N_FLAGS];
+    int n_given = 0;
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        const FlagDef *fd = flag_find(a);
+        if (!fd) return errorf(err, errlen, "unknown flag '%s' (-h lists the flags)", a);
+        if (!strcmp(fd->flag, "-h")) {
+            o->help = "usage";
+            if (i + 1 < argc && (!strcmp(argv[i + 1], "policies") || !strcmp(argv[i + 1], "flags"))) o->help = argv[i + 1];
+            return 0;
+        }
+        const char *v = NULL;
+        if (fd->arg) {
+            if (i + 1 >= argc) return errorf(err, errlen, "flag %s needs a value %s (-h lists the flags)", a, fd->arg);
+            v = argv[++i];
+        }
+        if (option_set(o, fd->flag, v, err, errlen)) return -1;
+        int seen = 0;
+        for (int k = 0; k < n_given; k++) seen |= given[k] == fd;
+        if (!seen) given[n_given++] = fd;
+    }
+    if (!o->model_path) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");
+    /* every flag given must be one the mode reads: a flag that would be ignored is an error */
+    int mi = 0;
+    while (strcmp(MODES[mi], o->mode)) mi++;
+    for (int k = 0; k < n_given; k++)
+        if (!((given[k]->modes >> mi) & 1)) {
+            char modes[96];
+            modes_list(modes, sizeof modes, given[k]->modes);
+            return errorf(err, errlen, "%s is not used by -m %s (it is for %s)", given[k]->flag, o->mode, modes);
+        }
+    /* conflicts inside a mode */
+    int multi = !strcmp(o->mode, "ppl") || !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench");
+    if (o->n_kv > 1 && !multi)
+        return errorf(err, errlen, "-kv given %d times: several policies run only in ppl, passkey and bench modes", o->n_kv);
+    if (o->prompt && o->n_files && !strcmp(o->mode, "tokenize"))
+        return errorf(err, errlen, "give the text with -i or -f, not both");
+    if (o->n_files > 1 && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-f is repeatable only in ppl mode");
+    if (o->tokenlog && !strcmp(o->ppl_mode, "chunked"))
+        return errorf(err, errlen, "-tokenlog is for -ppl-mode stream (chunked mode scores no shadow)");
+    return 0;
+}
+
+
+static void run_tokenize(Model *m, const Options *o) {
+    if (!m->has_tokenizer) fatal("this model.bin has no tokenizer (ids-only)");
+    size_t len = 0;
+    char *text = NULL;
+    if (o->n_files) text = read_file(o->files[0], &len);
+    else if (o->prompt) len = strlen(o->prompt);
+    else fatal("tokenize needs text: -i TEXT or -f FILE");
+    int *ids;
+    size_t n;
+    char err[256];
+    if (tokenizer_encode(&m->tokenizer, (const unsigned char *)(text ? text : o->prompt), len, o->add_bos, &ids, &n,
+                         err, sizeof err))
+        fatal("tokenizer: %s", err);
+    for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(text);
+}
+
+static void run_detokenize(Model *m, const Options *o) {
+    if (!m->has_tokenizer) fatal("this model.bin has no tokenizer (ids-only)");
+    if (!o->n_files) fatal("detokenize needs a file of ids: -f FILE");
+    size_t len;
+    char *text = read_file(o->files[0], &len), err[256];
+    if (strlen(text) != len) fatal("'%s' holds a NUL byte: a file of ids is decimal numbers", o->files[0]);
+    IdList ids = {0};
+    if (ids_parse_into(text, m->tokenizer.vocab_size, &ids, err, sizeof err)) fatal("'%s': %s", o->files[0], err);
+    TokenDecoder d;
+    tokdec_init(&d, &m->tokenizer);
+    char buf[TOKDEC_OUT_MAX];
+    for (size_t i = 0; i < ids.n; i++) fwrite(buf, 1, tokdec_push(&d, ids.ids[i], buf, sizeof buf), stdout);
+    fwrite(buf, 1, tokdec_flush(&d, buf, sizeof buf), stdout);
+    free(ids.ids);
+    free(text);
+}
+
+/* stdout is the product: a write error (a full disk, a closed pipe) is an error exit, not a silent success */
+static int finish_output(void) {
+    if (fflush(stdout) || ferror(stdout)) {
+        fprintf(stderr, "run: error writing the output: %s\n", strerror(errno));
+        return EXIT_FAILURE;
+    }
+    return 0;
+}
+
+#define THREADS_SPINCOUNT "10000"   /* polls before a waiting thread sleeps: chosen with tools/loaded.sh (README) */
+
+/* OpenMP threads that wait for each other spin by default (libgomp: about 300,000 polls); where other jobs hold the
+ * cores, a spinning thread burns the time slice the thread it waits for needs, and generation collapses (README,
+ * Threads: measured with tools/loaded.sh). libgomp reads its settings once, when it loads, before main: so when the
+ * user set none, kvlab sets a short spin and runs itself again (one exec, about a millisecond). KVLAB_THREADS_DEFAULT=0
+ * keeps OpenMP's own default. */
+static void threads_default(char **argv) {
+#ifdef _OPENMP
+    const char *mode = getenv("KVLAB_THREADS_DEFAULT");
+    if ((mode && strcmp(mode, "1")) || getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("KMP_BLOCKTIME"))
+        return;
+    setenv("KVLAB_THREADS_DEFAULT", "done", 1);   /* the exec'd process keeps what it is given */
+    setenv("GOMP_SPINCOUNT", THREADS_SPINCOUNT, 1);
+    setenv("KMP_BLOCKTIME", "0", 1);                  /* the same for LLVM's libomp */
+    execv("/proc/self/exe", argv);                    /* returns only on failure: then run with OpenMP's default */
+#endif
+    (void)argv;
+}
+
+int cli_main(int argc, char **argv) {
+    threads_default(argv);
+    Options o;
+    char err[512];
+    if (options_parse(&o, argc, argv, err, sizeof err)) {
+        fprintf(stderr, "run: %s\n", err);
+        return EXIT_FAILURE;
+    }
+    if (o.help) {
+        if (!strcmp(o.help, "policies")) usage_policies(stdout);
+        else if (!strcmp(o.help, "flags")) usage_flags_markdown(stdout);
+        else usage(stdout);
+        return finish_output();
+    }
+    Model m;
+    if (model_open(&m, o.model_path, err, sizeof err)) fatal("%s", err);
+    if (!strcmp(o.mode, "tokenize")) { run_tokenize(&m, &o); model_close(&m); return finish_output(); }
+    if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return finish_output(); }
+    if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
+                          o.model_path);
+    /* every -kv spec is checked before anything runs or any note is printed */
+    for (int k = 0; k < o.n_kv; k++) {
+        KVSpec spec;
+        if (kv_spec_parse(&spec, o.kv[k], o.kvt, err, sizeof err) || kv_spec_check_mode(&spec, o.mode, err, sizeof err))
+            fatal("-kv: %s", err);
+    }
+    /* the device: -d cpu, -d cuda, or (default) cuda when this build has it and a GPU is usable */
+    char dev_name[256], why[256];
+    int cuda = strcmp(o.device, "cpu") && attn_cuda_usable(dev_name, sizeof dev_name, why, sizeof why);
+    if (!cuda && !strcmp(o.device, "cuda")) fatal("-d cuda: %s; use -d cpu", why);
+    if (!cuda && ATTN_CUDA_BUILT && strcmp(o.device, "cpu")) run_note("%s: attention runs on the CPU", why);
+    if (cuda && strcmp(o.mode, "generate") && strcmp(o.mode, "chat"))
+        run_note("-m %s runs attention on the CPU (the CUDA path serves generate and chat)", o.mode);
+    if (o.ctx > m.config.seq_len) run_note("-c %d is past the trained context of %d tokens", o.ctx, m.config.seq_len);
+    run_catch_signals();
+    int rc = 0;
+    if (!strcmp(o.mode, "ppl")) rc = run_ppl(&m, &o);
+    else if (!strcmp(o.mode, "bench")) rc = run_bench(&m, &o);
+    else if (!strcmp(o.mode, "passkey")) rc = run_passkey(&m, &o);
+    else {
+        rc = run_generate_chat(&m, &o, cuda);
+    }
+    model_close(&m);
+    int out_rc = finish_output();
+    return rc ? rc : out_rc;
+}

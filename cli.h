@@ -1,0 +1,38 @@
+/* cli.h: the command line of ./run (cli.c): its options, the flag table every mode is checked against, usage.
+ * The evaluation modes and generate/chat read the parsed Options; only cli.c parses them.
+ */
+#ifndef KVLAB_CLI_H
+#define KVLAB_CLI_H
+
+#include <stdio.h>
+
+#include "kv.h"
+
+#define MAX_FILES 64
+#define MAX_POLICIES 32
+typedef struct {
+    const char *model_path, *mode, *prompt, *system, *kvlog, *device, *out, *ppl_mode, *tokenlog;
+    const char *files[MAX_FILES];
+    int n_files;
+    const char *kv[MAX_POLICIES];
+    int n_kv;
+    int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, seed_set;
+    const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
+    float temperature, topp;
+    unsigned long long seed;
+    KVType kvt;
+    int argc;            /* the command line, for the records of -o */
+    char **argv;
+} Options;
+
+/* The command line (README's flag table). 0, or -1 + message naming the bad flag or value. Never exits. */
+int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen);
+void usage(FILE *f);
+/* README's flag table (markdown): which mode reads which flag. */
+void usage_flags_markdown(FILE *f);
+/* -h policies: every registered policy with its keys, defaults and source. */
+void usage_policies(FILE *f);
+/* ./run's whole job: parse, load, check, dispatch to a mode; returns the exit status (main.c calls it). */
+int cli_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,277 @@
+/* matmul.c: the weight matmuls of the forward pass, y = W·x for f32 and q8 (Q8_0-layout) matrices over one token or
+ * a chunk: register tiles of weight rows x tokens over row panels that stay in L2, rows split over OpenMP threads.
+ * Each output has one fixed arithmetic (written down below), so results never depend on the thread count, the
+ * chunk size or whether the build has AVX2. It does nothing else of the forward pass (run.c).
+ *
+ * Dimensions: rows, cols (of W), n (tokens). Indices: i row, j column, t token.
+ */
+#include "matmul.h"
+#include "quant.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+/* The matmul kernels. A tile is R weight rows × T tokens (R ≤ 4, T ≤ 4, both constants in each instantiation so the
+ * accumulators live in registers): every 8-wide block of a weight row is loaded once per tile and used for T tokens,
+ * every block of an x vector once per tile and used for R rows. The tile shape, the thread count and the chunk size
+ * decide only which outputs are computed together, never how one is computed: each output has one fixed arithmetic,
+ * written down below, so a token's logits are bit-identical in decode (n = 1) and in any chunk, on any thread count,
+ * with or without AVX2 (the portable C does the same operations in the same order). */
+#define TILE_MAX 4
+
+/* a·b + c: one fused multiply-add where the build has FMA (fmaf becomes the vfmadd instruction, no libm call), else a
+ * multiply then an add; a build uses one or the other on all its paths. -std=c11 keeps GCC from contracting a*b+c
+ * on its own, so the choice is made here only. */
+#ifdef __FMA__
+#define madd_f32(a, b, c) fmaf(a, b, c)
+#define madd_ps(a, b, c) _mm256_fmadd_ps(a, b, c)
+#else
+#define madd_f32(a, b, c) ((a) * (b) + (c))
+#define madd_ps(a, b, c) _mm256_add_ps(_mm256_mul_ps(a, b), c)
+#endif
+
+/* f32: out = Σ_j w[j]·x[j] as 8 partial sums a_k over j ≡ k (mod 8) in the whole 8-wide blocks (a_k = w·x + a_k by
+ * madd_f32, j ascending), then s = ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) (the order of the 256→128→64→32-bit
+ * AVX reduction), then the tail j ≥ cols − cols % 8 ascending, s = w[j]·x[j] + s by madd_f32. Eight lanes (one ymm
+ * per output) leave room for 16 outputs in the 16 ymm registers; with FMA the sum rounds once per term. */
+#ifdef __AVX2__
+static inline float hsum8_ps(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));   /* a_k + a_k+4 */
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                           /* (a0+a4) + (a2+a6), ... */
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+#endif
+
+/* out[t·ld_out + r·ld_r] = W_r · x_t for the tile's R rows (row r at w + r·ldw elements) and T tokens
+ * (x: (T, cols)). */
+static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_t ld_out, size_t ld_r,
+                                                               const float *w, size_t ldw, const float *x, int R,
+                                                               int T, int cols) {
+    float a[TILE_MAX][TILE_MAX][8];
+    int j = 0;
+#ifdef __AVX2__
+    __m256 acc[TILE_MAX][TILE_MAX];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (; j + 8 <= cols; j += 8) {
+        __m256 wv[TILE_MAX];
+        /* the empty asm pins each loaded block in a register: without it GCC reloads it as a memory operand of
+         * every multiply-add (R·T + T loads per step instead of R + T), and the loads, not the FMAs, set the pace */
+        for (int r = 0; r < R; r++) {
+            wv[r] = _mm256_loadu_ps(w + r * ldw + j);
+            __asm__("" : "+x"(wv[r]));
+        }
+        for (int t = 0; t < T; t++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * cols + j);
+            __asm__("" : "+x"(xv));
+            for (int r = 0; r < R; r++) acc[r][t] = madd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = hsum8_ps(acc[r][t]);
+            for (int jj = j; jj < cols; jj++) s = madd_f32(w[r * ldw + jj], x[(size_t)t * cols + jj], s);
+            out[(size_t)t * ld_out + r * ld_r] = s;
+        }
+    (void)a;
+#else
+    memset(a, 0, sizeof a);
+    for (; j + 8 <= cols; j += 8)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < 8; k++)
+                    a[r][t][k] = madd_f32(w[r * ldw + j + k], x[(size_t)t * cols + j + k], a[r][t][k]);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            const float *v = a[r][t];
+            float s = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+            for (int jj = j; jj < cols; jj++) s = madd_f32(w[r * ldw + jj], x[(size_t)t * cols + jj], s);
+            out[(size_t)t * ld_out + r * ld_r] = s;
+        }
+#endif
+}
+
+/* q8: out = Σ_g dw_g·dx_g·Σ_j qw[j]·qx[j] over the groups of one weight row, the arithmetic tests/test_q8.c writes
+ * out: per group, 8 exact int32 sums s_m of 4 consecutive products (values 4m..4m+3), then acc_m += (float)s_m ·
+ * (dw·dx) in 8 f32 lanes (a multiply, then an add: no fused multiply-add), then the 8 lanes summed in order 0..7.
+ * With AVX2 the int8 products come from vpmaddubsw on |qw| and qx·sign(qw) (each pair sum ≤ 2·127·127 fits int16,
+ * as values are in [-127, 127]) and vpmaddwd, whose int32 lane m is exactly s_m; dw·dx is one vmulps of two
+ * broadcasts (the same rounding as the scalar product); without AVX2, portable C computes the same sums. */
+static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t ld_out, size_t ld_r,
+                                                              const BlockQ8 *w, size_t ldw, const int8_t *xq,
+                                                              const float *xd, int R, int T,
+                                                              int n_groups) {
+    float acc[TILE_MAX][TILE_MAX][8];
+    size_t cols = (size_t)n_groups * Q8_GROUP;
+#ifdef __AVX2__
+    __m256 va[TILE_MAX][TILE_MAX];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) va[r][t] = _mm256_setzero_ps();
+    for (int g = 0; g < n_groups; g++) {
+        __m256i qw[TILE_MAX], aw[TILE_MAX];
+        __m256 dw[TILE_MAX];
+        for (int r = 0; r < R; r++) {
+            const BlockQ8 *b = w + r * ldw + g;
+            qw[r] = _mm256_loadu_si256((const __m256i *)b->q);
+            aw[r] = _mm256_sign_epi8(qw[r], qw[r]);
+            __asm__("" : "+x"(qw[r]), "+x"(aw[r]));   /* kept in registers, as the f32 tile's blocks */
+#ifdef __F16C__
+            dw[r] = _mm256_set1_ps(_cvtsh_ss(b->d));   /* exact, as kv_f16_to_f32 */
+#else
+            dw[r] = _mm256_set1_ps(kv_f16_to_f32(b->d));
+#endif
+        }
+        for (int t = 0; t < T; t++) {
+            __m256i qx = _mm256_loadu_si256((const __m256i *)(xq + t * cols + (size_t)g * Q8_GROUP));
+            __m256 dx = _mm256_broadcast_ss(xd + (size_t)t * n_groups + g);
+            __asm__("" : "+x"(qx));
+            for (int r = 0; r < R; r++) {
+                __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(qx, qw[r])), ones);
+                __m256 sc = _mm256_mul_ps(dw[r], dx);
+                va[r][t] = _mm256_add_ps(va[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(s32), sc));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) _mm256_storeu_ps(acc[r][t], va[r][t]);
+#else
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < n_groups; g++)
+        for (int r = 0; r < R; r++) {
+            const BlockQ8 *b = w + r * ldw + g;
+            float dw = kv_f16_to_f32(b->d);
+            for (int t = 0; t < T; t++) {
+                const int8_t *qx = xq + t * cols + (size_t)g * Q8_GROUP;
+                float sc = dw * xd[(size_t)t * n_groups + g];
+                for (int m = 0; m < 8; m++) {
+                    int32_t s = 0;
+                    for (int k = 0; k < 4; k++) s += (int32_t)b->q[4 * m + k] * qx[4 * m + k];
+                    acc[r][t][m] += (float)s * sc;
+                }
+            }
+        }
+#endif
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = acc[r][t][0];
+            for (int m = 1; m < 8; m++) s += acc[r][t][m];
+            out[(size_t)t * ld_out + r * ld_r] = s;
+        }
+}
+
+/* The quantized activations of a q8 matmul: grown when a larger (n, cols) arrives, kept for the process (no
+ * per-token allocation). */
+static struct {
+    int8_t *q;    /* (n, cols) */
+    float *d;     /* (n, cols / 32) scales */
+    size_t cap;   /* elements of q */
+} act_q8;
+
+/* One tile with R and T turned into constants (a switch over the shapes the loops below produce), so each case is
+ * compiled with its accumulators in registers. */
+#define TILE_CASE(R, T)                                                                                              \
+    case (R) * 8 + (T):                                                                                              \
+        if (q8) dot_q8_tile(out, ld_out, ld_r, (const BlockQ8 *)w, ld_r * (cols / Q8_GROUP), xq, xd, R, T,         \
+                            cols / Q8_GROUP);                                                                        \
+        else dot_f32_tile(out, ld_out, ld_r, (const float *)w, ld_r * cols, x, R, T, cols);                          \
+        break;
+static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, const float *x, const int8_t *xq,
+                        const float *xd, int q8, int R, int T, int cols) {
+    switch (R * 8 + T) {
+    TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3) TILE_CASE(1, 4)
+    TILE_CASE(2, 1) TILE_CASE(2, 2) TILE_CASE(2, 3) TILE_CASE(2, 4)
+    TILE_CASE(3, 1) TILE_CASE(3, 2) TILE_CASE(3, 3) TILE_CASE(3, 4)
+    TILE_CASE(4, 1) TILE_CASE(4, 2) TILE_CASE(4, 3) TILE_CASE(4, 4)
+    }
+}
+#undef TILE_CASE
+
+/* Bytes of weight rows a thread works through for every block of tokens before moving on: the panel stays in L2
+ * (512 KiB per core) while a block of up to 4 tokens' x (≤ 24 KiB at cols 1536) stays in L1 (32 KiB). */
+#define PANEL_BYTES (192 * 1024)
+/* rows a decode tile reads at once, each from its own stretch of W: 3 measured fastest (1: 13.3, 2: 8.7-9.7,
+ * 3: 8.2, 4: 7.8-8.9 ms per q8 token on one core) */
+#define DECODE_STREAMS 3
+
+/* out (n, rows) = x (n, cols) · W (rows, cols)ᵀ: row i of out[t] is W_i · x_t. Each thread takes one contiguous
+ * range of rows (whole tiles, so each streams its part of W once per panel pass), cut into panels that stay in L2;
+ * a panel is swept once per block of tokens by tiles of rows × tokens. Decode (n = 1) reads DECODE_STREAMS rows
+ * per tile, each from its own contiguous stretch of the thread's rows. For q8 weights every x_t is quantized once
+ * (groups of 32, f32 scale, quant.h), before the rows. */
+void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
+    int q8 = W.type == WTYPE_Q8;
+    if (q8) {
+        size_t need = (size_t)n * cols;
+        if (need > act_q8.cap) {
+            free(act_q8.q);
+            free(act_q8.d);
+            act_q8.q = malloc(need);
+            act_q8.d = malloc(need / Q8_GROUP * sizeof(float));
+            if (!act_q8.q || !act_q8.d) fatal("out of memory");
+            act_q8.cap = need;
+        }
+        for (size_t g = 0; g < need / Q8_GROUP; g++)
+            act_q8.d[g] = quant_q8_group(act_q8.q + g * Q8_GROUP, x + g * Q8_GROUP);
+    }
+    size_t row_bytes = matrix_bytes(W.type, 1, cols);
+    /* tile shapes (rows × tokens) for chunks, measured on Zen 3: f32 chunks use 3 × 4 (12 accumulators + 3 weight
+     * + 1 x register, 16 ymm); q8
+     * chunks 2 × 3, whose per-row registers (qw, |qw|, dw) leave room for 6 sums */
+    int tr = n == 1 ? 1 : q8 ? 2 : 3, tt = n == 1 ? 1 : q8 ? 3 : 4;
+    int panel = (int)(PANEL_BYTES / row_bytes) / tr * tr;
+    if (panel < tr) panel = tr;
+    /* small matrices stay on one thread: waking the team costs more than the work */
+    #pragma omp parallel if ((size_t)rows * cols * n >= 65536)
+    {
+        int nth = 1, tid = 0;
+#ifdef _OPENMP
+        nth = omp_get_num_threads();
+        tid = omp_get_thread_num();
+#endif
+        int per = ((rows + nth - 1) / nth + tr - 1) / tr * tr;
+        int i_end = rows < (tid + 1) * per ? rows : (tid + 1) * per;
+        if (n == 1 && tid * per < i_end) {
+            /* decode: DECODE_STREAMS rows at a time, taken from equal, contiguous sub-ranges of this thread's rows,
+             * so each is one unbroken stream through memory that the prefetchers follow (adjacent rows in one tile
+             * break the streams every row and ran ~2x slower) */
+            int b = tid * per, h = (i_end - b) / DECODE_STREAMS;
+            for (int i = b; i < b + h; i++)
+                matmul_tile(out + i, rows, h, (const uint8_t *)W.data + (size_t)i * row_bytes, x, act_q8.q, act_q8.d,
+                            q8, DECODE_STREAMS, 1, cols);
+            for (int i = b + DECODE_STREAMS * h; i < i_end; i++)
+                matmul_tile(out + i, rows, 1, (const uint8_t *)W.data + (size_t)i * row_bytes, x, act_q8.q, act_q8.d,
+                            q8, 1, 1, cols);
+        } else
+        for (int p = tid * per; p < i_end; p += panel) {
+            int p_end = i_end < p + panel ? i_end : p + panel;
+            /* the next panel comes from memory while this one is swept: a few of its lines are asked for into L2
+               after each tile, spread over the sweep (the first sweep of a panel otherwise waits on DRAM) */
+            const char *next = (const char *)W.data + (size_t)p_end * row_bytes;
+            size_t next_bytes = (size_t)((i_end < p_end + panel ? i_end : p_end + panel) - p_end) * row_bytes;
+            size_t tiles = (size_t)((n + tt - 1) / tt) * ((p_end - p + tr - 1) / tr), ahead = 0;
+            size_t per_tile = (next_bytes / 64 + tiles - 1) / tiles * 64;
+            for (int t = 0; t < n; t += tt) {
+                int nt = n - t < tt ? n - t : tt;
+                for (int i = p; i < p_end; i += tr) {
+                    matmul_tile(out + (size_t)t * rows + i, rows, 1, (const uint8_t *)W.data + (size_t)i * row_bytes,
+                                x + (size_t)t * cols, q8 ? act_q8.q + (size_t)t * cols : NULL,
+                                q8 ? act_q8.d + (size_t)t * (cols / Q8_GROUP) : NULL, q8,
+                                p_end - i < tr ? p_end - i : tr, nt, cols);
+                    for (size_t b = 0; b < per_tile && ahead < next_bytes; b += 64, ahead += 64)
+                        __builtin_prefetch(next + ahead, 0, 2);
+                }
+            }
+        }
+    }
+}
+void matmul(float *out, const float *x, Matrix W, int rows, int cols) { matmul_n(out, x, W, rows, cols, 1); }
+

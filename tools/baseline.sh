@@ -16,7 +16,8 @@ ref=/usr/share/debian-reference/debian-reference.en.txt.gz
 [ -f "$ref" ] || { echo "baseline: $ref missing: apt-get install debian-reference-en" >&2; exit 1; }
 mkdir -p "$out"
 text=$out/text.txt
-zcat "$ref" | head -c 20000 >"$text"   # more than 2,049 tokens; -n 2048 scores the first 2,048
+zcat "$ref" | head -c 20000 >"$text" || true   # more than 2,049 tokens; -n 2048 scores the first 2,048 (zcat ends
+[ "$(wc -c <"$text")" -eq 20000 ] || { echo "baseline: could not read $ref" >&2; exit 1; }   # on SIGPIPE: || true)
 
 pols="window:256 sink:256 h2o:256 tova:256 scissorhands:256 lru:256 random:256 snapkv:256,prefill=512"
 variants="f32: q8:,type=q8 q4r32:,type=q4,residual=32 cache:,pos=cache"

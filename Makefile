@@ -115,8 +115,10 @@ $(BUILD)/attn_bench: tools/attn_bench.c $(LIB_O) | $(BUILD)
 bench: all tools
 	tools/bench.sh
 
-# `make report`: tools/report.sh runs the evaluation grid on SmolLM2 and the Debian Reference and writes
-# report/REPORT.md with plots (REPORT_QUICK=1: a small grid to test it; REPORT_TOKENS=N: the stream length).
+# `make report`: tools/report.sh runs the evaluation grid on SmolLM2 and the Debian Reference and writes REPORT.md with
+# plots to build/report/; the committed report/ only with REPORT_OUT=report (REPORT_QUICK=1: a small grid to test it,
+# in build/report-quick/; REPORT_TOKENS=N: the stream length; REPORT_DRY_RUN=1: print the plan, with the packages it
+# would install, and stop).
 .PHONY: report
 report: all
 	tools/report.sh

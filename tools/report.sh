@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # make report: kvlab's evaluation of KV-cache policies on SmolLM2-135M-Instruct and the Debian Reference text, written
-# to report/REPORT.md with PNG plots (gnuplot). Issue 5, item 6.
+# as REPORT.md with PNG plots (gnuplot). Issue 5, item 6.
 #
 #   make report                       the full grid (REPORT_TOKENS=8192 tokens; the target is 2 hours on 2 cores:
-#                                     the estimate printed first says whether this machine makes it)
-#   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384) to test the script
-#   REPORT_TOKENS=N                   the stream length (budgets scale with it: see "grid" below)
+#                                     the estimate printed first says whether this machine makes it), written to
+#                                     build/report/: the committed report/ changes only with REPORT_OUT=report
+#   REPORT_OUT=report make report     the full grid, replacing the committed report/REPORT.md and report/*.png
+#   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384) to test the script,
+#                                     written to build/report-quick/
+#   REPORT_OUT=DIR                    where REPORT.md and the plots go (default: above; the first line printed says)
+#   REPORT_TOKENS=N                   the stream length (budgets scale with it: see "grid" below); N >= 512
 #   REPORT_PASSKEY_CTX=P              passkey -c (full grid; default 1024: lengths 256, 512, 1024)
 #   REPORT_FORCE=1                    rerun every measurement (by default one whose JSON is complete is reused)
-#   REPORT_PLOTS_ONLY=1               only rebuild the plots and REPORT.md from report/*.dat
+#   REPORT_PLOTS_ONLY=1               only rebuild the plots and REPORT.md from this grid's data (see "Data" below)
+#   REPORT_DRY_RUN=1                  print the plan (directories, packages to install, commands) and exit
+#   REPORT_PROGRESS_S=S               seconds between progress lines during a measurement (default 60)
 #   OMP_NUM_THREADS                   threads (default: nproc)
 #
 # What it runs (every figure's command line is written into REPORT.md, from the "cmd" field of the JSON):
@@ -18,50 +24,39 @@
 #           reverse, and h2o at 20% stored in q8 and q4 (one frontier with the evicting caches)
 #   pos     ./run -m ppl over 3N tokens, -c N: sink:L with pos=orig and pos=cache (past the trained context); -tokenlog
 #   passkey ./run -m passkey -c P: full, window, sink, h2o, tova at budget P/8 (depth x length grid + two turns)
-# All runs use -chunk 64 (batched, bit-identical to token by token). Each run writes JSON lines (-o) to
-# report/NAME.dat and its stderr to report/NAME.log.dat (raw data: /report/*.dat is not committed).
+# All runs use -chunk 64 (batched, bit-identical to token by token). Each run writes JSON lines (-o) to DATA/NAME.dat
+# and its stderr to DATA/NAME.log.dat (raw data, not committed).
+#
+# Data: each grid has its own directory, so that a quick or shorter run neither replaces the full grid's data (an
+# hour of measurements) nor is read back as it by REPORT_PLOTS_ONLY=1: report/ for the full grid (where the
+# commands quoted in the committed REPORT.md and README point), build/report-quick/ for REPORT_QUICK=1 and
+# build/report-TAG/ for other grids. An interrupted measurement (Ctrl-C) keeps what ./run wrote and is reported
+# as incomplete at the end; the next run measures it again, reusing the complete ones.
 #
 # First it measures throughput (two short ppl runs and a short greedy decode) and prints an estimate of this grid's
 # time and of the full grid's, from a cost model: per token a fixed cost (matmuls), plus a cost per attended token.
 #
-# Dependencies: gnuplot (pngcairo or png), awk, python3 (small data wrangling), the Debian Reference text; missing
-# ones are installed with apt-get (gnuplot-nox, debian-reference-en).
+# Dependencies: gnuplot (pngcairo or png), awk, python3 (small data wrangling), the Debian Reference text; the
+# missing ones are listed with what each is for, then installed with apt-get --no-install-recommends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T_START=$(date +%s)
 QUICK=${REPORT_QUICK:-0}
+PLOTS_ONLY=${REPORT_PLOTS_ONLY:-0}
+DRY_RUN=${REPORT_DRY_RUN:-0}
+PROGRESS_S=${REPORT_PROGRESS_S:-60}
 if [ "$QUICK" = 1 ]; then N=${REPORT_TOKENS:-512}; else N=${REPORT_TOKENS:-8192}; fi
 NPROC=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # nproc alone obeys OMP_NUM_THREADS
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$NPROC}
 MODEL=models/smollm2-135m-instruct.bin
 GZ=/usr/share/debian-reference/debian-reference.en.txt.gz
-R=report
 CHUNK=64
-mkdir -p "$R"
 say() { echo "report: $*" >&2; }
-
-# ---- dependencies -----------------------------------------------------------------------------------------------
-need=()
-command -v gnuplot >/dev/null 2>&1 || need+=(gnuplot-nox)
-[ -f "$GZ" ] || need+=(debian-reference-en)
-command -v python3 >/dev/null 2>&1 || need+=(python3)
-if [ ${#need[@]} -gt 0 ]; then
-    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    say "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get install -y "${need[@]}" || { $SUDO apt-get update && $SUDO apt-get install -y "${need[@]}"; }
-fi
-# libgd's png terminal writes small palette PNGs (tens of KB); pngcairo's antialiased truecolor ones are 3-10x larger
-if gnuplot -e 'set terminal' 2>&1 | grep -qw png; then PNG_T="png noenhanced font 'Sans,9'"
-else PNG_T="pngcairo noenhanced font 'Sans,9'"; fi
-TERM_PNG="$PNG_T size 900,560"
-[ -x ./run ] || make all
-[ -f "$MODEL" ] || make model
 
 # ---- grid -------------------------------------------------------------------------------------------------------
 # budgets: S and L (256 and 1024 at N=8192: N/32 and N/8), B10 and B20 (10% and 20% of N: 820 and 1640 at 8192)
 S=$((N / 32)); L=$((N / 8)); B10=$(((N + 9) / 10)); B20=$((2 * B10))
-[ "$S" -ge 16 ] || { echo "report: REPORT_TOKENS=$N is too small (budgets would be under 16 tokens)" >&2; exit 1; }
+[ "$S" -ge 16 ] || { echo "report: REPORT_TOKENS=$N is too small (budgets would be under 16 tokens; 512 is the least)" >&2; exit 1; }
 if [ "$QUICK" = 1 ]; then
     MAIN=(full "window:$S" "window:$L" "sink:$S" "sink:$L" "sink:$S,pos=cache,sinks=0" "sink:$S,pos=cache,sinks=1"
           "sink:$S,pos=cache" "window:$B10" "h2o:$B10" "h2o:$B20" "tova:$B10" "scissorhands:$B10" "random:$B10")
@@ -81,15 +76,153 @@ else
 fi
 POS=("sink:$POS_B" "sink:$POS_B,pos=cache")
 POS_N=$((3 * POS_C))
+
+# ---- directories: R holds this grid's data, OUT gets REPORT.md and the plots (see "Data" above) -----------------
+INVOKE=
+[ "$QUICK" = 1 ] && INVOKE+="REPORT_QUICK=1 "
+[ -n "${REPORT_TOKENS:-}" ] && INVOKE+="REPORT_TOKENS=$N "
+[ "$QUICK" != 1 ] && [ -n "${REPORT_PASSKEY_CTX:-}" ] && INVOKE+="REPORT_PASSKEY_CTX=$PK_C "
+if [ "$QUICK" = 1 ]; then R=build/report-quick$([ "$N" = 512 ] || echo "-$N")
+elif [ "$N" = 8192 ] && [ "$PK_C" = 1024 ]; then R=report
+else R=build/report-$N$([ "$PK_C" = 1024 ] || echo "-pk$PK_C"); fi
+if [ -n "${REPORT_OUT:-}" ]; then OUT=${REPORT_OUT%/}; INVOKE+="REPORT_OUT=$OUT "
+elif [ "$R" = report ]; then OUT=build/report
+else OUT=$R; fi
+INVOKE+="make report"
+say "output: $OUT/REPORT.md and $OUT/*.png$([ -n "${REPORT_OUT:-}" ] || echo " (REPORT_OUT=DIR to change)"); data: $R/*.dat"
+if [ "$OUT" = report ] && [ "$R" != report ]; then
+    say "REPORT_OUT=report with a grid other than the full one: this replaces the committed full-grid report"
+fi
+
+# ---- the four measurements: NAME and ./run's arguments (ARGS_NAME; -o R/NAME.dat is added) ----------------------
+TEXT=$R/text_$N.txt.dat; TEXT3=$R/text_$POS_N.txt.dat
+STEPS=(main quant pos passkey)
+kvargs() { for s in "$@"; do printf -- '-kv\n%s\n' "$s"; done; }
+mapfile -t ARGS_main < <(kvargs "${MAIN[@]}")
+mapfile -t ARGS_quant < <(kvargs "${QUANT[@]}")
+mapfile -t ARGS_pos < <(kvargs "${POS[@]}")
+mapfile -t ARGS_passkey < <(kvargs "${PK[@]}")
+ARGS_main=("$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk "$CHUNK" "${ARGS_main[@]}" -tokenlog "$R/main.tok.dat")
+ARGS_quant=("$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk "$CHUNK" "${ARGS_quant[@]}")
+ARGS_pos=("$MODEL" -m ppl -f "$TEXT3" -c "$POS_C" -chunk "$CHUNK" "${ARGS_pos[@]}" -tokenlog "$R/pos.tok.dat")
+ARGS_passkey=("$MODEL" -m passkey -c "$PK_C" -chunk "$CHUNK" -s 1 "${ARGS_passkey[@]}")
+# A step's log (R/NAME.log.dat) starts with "report: started: ./run ARGS" and ends with "report: complete: ./run ARGS"
+# only when ./run finished: a step counts as done only for these very arguments, so another grid's data never does.
+# step_state NAME: complete, partial (started, not finished: interrupted or failed; R/NAME.dat keeps what ./run
+# wrote) or none
+step_state() {
+    local -n args=ARGS_$1
+    local log=$R/$1.log.dat
+    if [ -s "$R/$1.dat" ] && grep -qxF "report: complete: ./run ${args[*]}" "$log" 2>/dev/null; then echo complete
+    elif grep -qxF "report: started: ./run ${args[*]}" "$log" 2>/dev/null; then echo partial
+    else echo none; fi
+}
+records() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+# why a partial step stopped, from the last line report.sh wrote into its log
+stopped() { grep -E '^report: (interrupted|failed)' "$R/$1.log.dat" 2>/dev/null | tail -1 | sed 's/^report: //' || true; }
+
+# ---- dependencies -----------------------------------------------------------------------------------------------
+# REPORT_ASSUME_MISSING="PKG ..." treats those as missing (tests/test_report.sh checks the listing with it)
+present() {
+    case " ${REPORT_ASSUME_MISSING:-} " in *" $1 "*) return 1;; esac
+    case $1 in
+        gnuplot-nox) command -v gnuplot;;   # any gnuplot with a png terminal will do, not only Debian's
+        debian-reference-en) [ -f "$GZ" ];;
+        python3) command -v python3;;
+    esac >/dev/null 2>&1
+}
+why() {
+    case $1 in
+        gnuplot-nox) echo "gnuplot draws the PNG plots";;
+        debian-reference-en) echo "the text measured: $GZ";;
+        python3) echo "turns ./run's JSON lines into gnuplot tables and REPORT.md";;
+    esac
+}
+need=()
+if [ "$PLOTS_ONLY" = 1 ]; then deps=(gnuplot-nox python3); else deps=(gnuplot-nox debian-reference-en python3); fi
+for p in "${deps[@]}"; do present "$p" || need+=("$p"); done
+# with recommends, Debian 12 installs 47 packages instead of 6 (imagemagick, ghostscript, groff, fonts: 112 MB more),
+# none of which is used here
+APT=(apt-get install -y -q --no-install-recommends)
+# the packages apt-get would install, dependencies included (a simulation: no root needed, nothing changes)
+apt_plan() { apt-get install -s --no-install-recommends "${need[@]}" 2>/dev/null | awk '$1 == "Inst" { printf "%s%s", (n++ ? " " : ""), $2 }'; }
+if [ ${#need[@]} -gt 0 ]; then
+    say "missing, to install with: ${APT[*]} ${need[*]}"
+    for p in "${need[@]}"; do say "  $p: $(why "$p")"; done
+    if ! command -v apt-get >/dev/null 2>&1; then say "  no apt-get on this machine: install them yourself"
+    elif plan=$(apt_plan) && [ -n "$plan" ]; then say "  with their dependencies, apt-get adds $(echo "$plan" | wc -w) packages: $plan"
+    else plan=; say "  (apt-get cannot resolve them from its package lists yet: it runs apt-get update first)"; fi
+fi
+
+# ---- the plan -----------------------------------------------------------------------------------------------------
 say "$NPROC cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 say "grid: $([ "$QUICK" = 1 ] && echo 'QUICK (REPORT_QUICK=1)' || echo full), $N tokens, budgets S=$S L=$L 10%=$B10 20%=$B20;" \
     "main ${#MAIN[@]} policies, quant ${#QUANT[@]}, pos ${#POS[@]} over $POS_N tokens (-c $POS_C), passkey ${#PK[@]} at -c $PK_C"
-
-if [ "${REPORT_PLOTS_ONLY:-0}" = 1 ] && ! ls "$R"/main.dat "$R"/calibration.dat >/dev/null 2>&1; then
-    echo "report: REPORT_PLOTS_ONLY=1 needs the data of an earlier make report in $R/ (main.dat, calibration.dat ...):" \
-         "run make report first" >&2
+for s in "${STEPS[@]}"; do
+    declare -n args=ARGS_$s
+    case $PLOTS_ONLY/${REPORT_FORCE:-0}/$(step_state "$s") in
+        1/*/none) say "plan: $s: no data for this grid in $R/";;
+        1/*/partial) say "plan: $s: incomplete data in $R/$s.dat ($(records "$R/$s.dat") records; $(stopped "$s")): drawn as it is";;
+        1/*) say "plan: $s: reuse $R/$s.dat";;
+        0/0/complete) say "plan: $s: reuse $R/$s.dat (complete)";;
+        */partial) say "plan: $s: ./run ${args[*]} -o $R/$s.dat (again: replaces the $(records "$R/$s.dat") records of an earlier run, $(stopped "$s"))";;
+        *) say "plan: $s: ./run ${args[*]} -o $R/$s.dat";;
+    esac
+    unset -n args
+done
+if [ "$PLOTS_ONLY" = 1 ] && { [ ! -s "$R/calibration.dat" ] || [ "$(step_state main)" = none ]; }; then
+    echo "report: REPORT_PLOTS_ONLY=1 needs the data of an earlier run of this grid in $R/ (main.dat, calibration.dat ...):" \
+         "run $INVOKE first" >&2
     exit 1
 fi
+[ "$DRY_RUN" = 1 ] && { say "dry run (REPORT_DRY_RUN=1): nothing installed, run or written"; exit 0; }
+
+# ---- install, build ---------------------------------------------------------------------------------------------
+if [ ${#need[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null 2>&1 || { echo "report: missing ${need[*]}, and no apt-get to install them" >&2; exit 1; }
+    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    if [ -z "$plan" ]; then say "apt-get update"; $SUDO apt-get update -q; fi
+    say "installing: ${need[*]}"
+    $SUDO "${APT[@]}" "${need[@]}"
+fi
+# libgd's png terminal writes small palette PNGs (tens of KB); pngcairo's antialiased truecolor ones are 3-10x larger
+if gnuplot -e 'set terminal' 2>&1 | grep -qw png; then PNG_T="png noenhanced font 'Sans,9'"
+else PNG_T="pngcairo noenhanced font 'Sans,9'"; fi
+TERM_PNG="$PNG_T size 900,560"
+[ -x ./run ] || make all
+[ -f "$MODEL" ] || make model
+mkdir -p "$R" "$OUT"
+
+# At the end, however it ends (done, Ctrl-C, an error): which measurements are not complete, and what to do
+CUR=; WATCH=
+summary() {
+    local s st inc=()
+    for s in "${STEPS[@]}"; do
+        st=$(step_state "$s")
+        case $st in
+            complete) ;;
+            partial) inc+=("$s ($(stopped "$s"); $(records "$R/$s.dat") records kept in $R/$s.dat)");;
+            *) inc+=("$s (not run)");;
+        esac
+    done
+    if [ ${#inc[@]} -eq 0 ]; then say "all four measurements complete (data in $R/)"; return; fi
+    say "INCOMPLETE: ${#inc[@]} of 4 measurements: $(printf '%s; ' "${inc[@]}" | sed 's/; $//')"
+    say "$INVOKE measures them again (complete ones are reused); REPORT_PLOTS_ONLY=1 draws what they recorded"
+}
+# Ctrl-C reaches ./run too (same process group); bash runs this trap once ./run has exited, so the step's log says it
+# was interrupted (and its .dat stays as ./run left it) before the script ends
+on_signal() {
+    trap - INT TERM HUP
+    [ -z "$WATCH" ] || kill "$WATCH" 2>/dev/null || true
+    if [ -n "$CUR" ]; then
+        printf '\nreport: interrupted after %d s\n' $(($(date +%s) - CUR_T0)) >>"$R/$CUR.log.dat"   # ./run may stop mid-line
+        say "$CUR: interrupted: $(records "$R/$CUR.dat") records kept in $R/$CUR.dat"
+    fi
+    exit 130
+}
+trap on_signal INT TERM HUP
+trap summary EXIT
 
 # ---- text -------------------------------------------------------------------------------------------------------
 ntok() { ./run "$MODEL" -m tokenize -f "$1" 2>/dev/null | wc -w; }
@@ -106,8 +239,7 @@ make_text() {
     head -c "$lo" "$src" | sed '$d' >"$out"   # drop the last, partial line
     rm -f "$src"
 }
-TEXT=$R/text_$N.txt.dat; TEXT3=$R/text_$POS_N.txt.dat
-if [ "${REPORT_PLOTS_ONLY:-0}" != 1 ]; then
+if [ "$PLOTS_ONLY" != 1 ]; then
     make_text "$N" "$TEXT"; make_text "$POS_N" "$TEXT3"
 fi
 say "text: $(ntok "$TEXT") tokens ($(wc -c <"$TEXT") bytes) and $(ntok "$TEXT3") tokens of $GZ"
@@ -115,7 +247,7 @@ say "text: $(ntok "$TEXT") tokens ($(wc -c <"$TEXT") bytes) and $(ntok "$TEXT3")
 # ---- throughput and the estimate --------------------------------------------------------------------------------
 jget() { awk -v k="\"$2\":" '{ i = index($0, k); if (i) { x = substr($0, i + length(k)); sub(/[,}].*/, "", x); print x; exit } }' "$1"; }   # first numeric field $2 of a JSON-lines file
 CAL=$R/calibration.dat
-if [ "${REPORT_PLOTS_ONLY:-0}" != 1 ] && { [ "${REPORT_FORCE:-0}" = 1 ] || [ ! -s "$CAL" ] || ! grep -q "threads=$OMP_NUM_THREADS " "$CAL"; }; then
+if [ "$PLOTS_ONLY" != 1 ] && { [ "${REPORT_FORCE:-0}" = 1 ] || [ ! -s "$CAL" ] || ! grep -q "threads=$OMP_NUM_THREADS " "$CAL"; }; then
     CN=$([ "$QUICK" = 1 ] && echo 384 || echo 1024)
     make_text "$CN" "$R/cal.txt.dat"
     cn=$(($(ntok "$R/cal.txt.dat") - 1))
@@ -126,15 +258,26 @@ if [ "${REPORT_PLOTS_ONLY:-0}" != 1 ] && { [ "${REPORT_FORCE:-0}" = 1 ] || [ ! -
     t0=$(date +%s.%N)
     ./run "$MODEL" -t 0 -n 32 -i "The Debian system" -kv full >/dev/null 2>&1
     t3=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
-    # t1 = (cn + 63) a + small;  t2 = 2 cn a + 2 sum_t t b;  decode: 32 unbatched steps (model load included)
+    # t1 = (cn + 63) a + small;  t2 = 2 cn a + 2 sum_t t b;  decode: 32 unbatched steps (model load included).
+    # b_fit is b before clamping: at or below 0 when attention hides in the timing noise (a short calibration, a
+    # loaded machine), and then the estimate leaves attention out
     awk -v t1="$(jget "$R/cal1.tmp" seconds)" -v t2="$(jget "$R/cal2.tmp" seconds)" -v t3="$t3" -v n="$cn" \
         -v th="$OMP_NUM_THREADS" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
-        a = t1 / (n + 64); att = n * (n + 1); b = (t2 - 2 * n * a) / att; if (b < 0) b = 0
-        printf "threads=%d a=%.6g b=%.6g d=%.6g load=%s\n", th, a, b, t3 / 32, load }' >"$CAL"
+        a = t1 / (n + 64); att = n * (n + 1); b = bfit = (t2 - 2 * n * a) / att; if (b < 0) b = 0
+        printf "threads=%d a=%.6g b=%.6g d=%.6g load=%s b_fit=%.6g n=%d\n", th, a, b, t3 / 32, load, bfit, n }' >"$CAL"
     rm -f "$R/cal1.tmp" "$R/cal2.tmp"
 fi
 read -r _ A B DEC _ < <(tr '=' ' ' <"$CAL" | awk '{print $1, $4, $6, $8, $10}')
-say "throughput: $(awk -v a="$A" -v b="$B" -v d="$DEC" 'BEGIN { printf "%.1f tok/s per policy run (matmuls), %.3g us per attended token, %.0f ms per unbatched decode step", 1 / a, b * 1e6, d * 1e3 }')"
+# the measured throughput in words, for this log and REPORT.md; ns per attended token (one query-key pair through
+# every layer: a few ns on a CPU, far less on a GPU), with 3 significant digits whatever its size
+THROUGHPUT=$(awk -v a="$A" -v b="$B" -v d="$DEC" -v cal="$(cat "$CAL")" 'BEGIN {
+    bfit = b; n = "?"; k = split(cal, f, " ")
+    for (i = 1; i <= k; i++) { split(f[i], kv, "="); if (kv[1] == "b_fit") bfit = kv[2]; if (kv[1] == "n") n = kv[2] }
+    if (b > 0) att = sprintf("%s ns per attended token", sprintf(b * 1e9 >= 1000 ? "%.0f" : "%.3g", b * 1e9))
+    else att = sprintf("attention not measurable in the %s-token calibration (fit: %.3g ns per attended token, " \
+                       "taken as 0: the estimate runs short)", n, bfit * 1e9)
+    printf "%.1f tok/s per policy run (matmuls), %s, %.0f ms per unbatched decode step", 1 / a, att, d * 1e3 }')
+say "throughput: $THROUGHPUT"
 
 # cost (seconds) of the grid: ppl runs (shadow + policies) and passkey runs, from the spec strings
 estimate() {   # N S L B10 B20 POS_C PK_C "MAIN..." "QUANT..." "POS..." "PK..."
@@ -178,49 +321,93 @@ FULL_QUANT=(full,type=f16 full,type=q8 full,type=q4 full,type=q8,residual=64 ful
 PKF=${REPORT_PASSKEY_CTX:-1024}
 FULL_PK=(full "window:$((PKF / 8))" "sink:$((PKF / 8))" "h2o:$((PKF / 8))" "tova:$((PKF / 8))")
 EST_FULL=$(estimate 8192 256 1024 820 1640 8192 "$PKF" "${FULL_MAIN[*]}" "${FULL_QUANT[*]}" "sink:1024 sink:1024,pos=cache" "${FULL_PK[*]}")
-fmt() { awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s%s %dm%02ds", (i > 1 ? ", " : ""), kv[1], int(kv[2] / 60), kv[2] % 60 } print "" }'; }
-say "estimate for this grid at $OMP_NUM_THREADS thread(s), this load: $(echo "$EST" | fmt)"
-say "estimate for the full grid (8192 tokens, passkey -c $PKF) at $OMP_NUM_THREADS thread(s), this load: $(echo "$EST_FULL" | fmt)"
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+fmt() { local kv out=; for kv in $1; do out+="${out:+, }${kv%%=*} $(mmss "${kv#*=}")"; done; echo "$out"; }
+say "estimate for this grid at $OMP_NUM_THREADS thread(s), this load: $(fmt "$EST")"
+say "estimate for the full grid (8192 tokens, passkey -c $PKF) at $OMP_NUM_THREADS thread(s), this load: $(fmt "$EST_FULL")"
 
 # ---- runs -------------------------------------------------------------------------------------------------------
-# NAME ./run ARGS...: skipped when report/NAME.log.dat says a run with these arguments completed
-declare -A SECS
-run_step() {
-    local name=$1; shift
-    local out=$R/$name.dat log=$R/$name.log.dat
-    if [ "${REPORT_PLOTS_ONLY:-0}" = 1 ] || { [ "${REPORT_FORCE:-0}" != 1 ] && [ -s "$out" ] &&
-        grep -qxF "report: complete: ./run $*" "$log" 2>/dev/null; }; then
-        say "$name: reusing $out"; return 0
-    fi
-    rm -f "$out"
-    say "$name: ./run $*"
-    local t0; t0=$(date +%s)
-    ./run "$@" -o "$out" 2>"$log" || { tail -5 "$log" >&2; exit 1; }
-    SECS[$name]=$(($(date +%s) - t0))
-    echo "report: seconds: ${SECS[$name]}" >>"$log"
-    echo "report: complete: ./run $*" >>"$log"
-    say "$name: ${SECS[$name]} s; $(grep -E '^(ppl: [0-9.]+ s|.*correct; two-turn)' "$log" | tail -1)"
+declare -A EST_S
+for kv in $EST; do EST_S[${kv%%=*}]=${kv#*=}; done
+# ETAs: the estimates scaled by measured/estimated of the steps run so far (the cost model runs short on long lanes
+# and on a loaded machine); the current step's remaining time is ./run's own ETA where it prints one
+MEAS_SUM=0; EST_SUM=0
+scaled() { if [ "$EST_SUM" -gt 0 ]; then echo $(($1 * MEAS_SUM / EST_SUM)); else echo "$1"; fi; }
+clock() { date -d "@$(($(date +%s) + $1))" +%H:%M; }   # the time of day in $1 seconds
+grid_eta() {   # REMAINING_S_OF_CURRENT INDEX_OF_CURRENT: when the grid should be done
+    local rem=0 i
+    for ((i = $2 + 1; i < ${#STEPS[@]}; i++)); do
+        [ "${REPORT_FORCE:-0}" != 1 ] && [ "$(step_state "${STEPS[$i]}")" = complete ] && continue
+        rem=$((rem + ${EST_S[${STEPS[$i]}]}))
+    done
+    clock $(($1 + $(scaled "$rem")))
 }
-kvargs() { for s in "$@"; do printf -- '-kv\n%s\n' "$s"; done; }
-mapfile -t KV_MAIN < <(kvargs "${MAIN[@]}")
-mapfile -t KV_QUANT < <(kvargs "${QUANT[@]}")
-mapfile -t KV_POS < <(kvargs "${POS[@]}")
-mapfile -t KV_PK < <(kvargs "${PK[@]}")
-run_step main "$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk $CHUNK "${KV_MAIN[@]}" -tokenlog "$R/main.tok.dat"
-run_step quant "$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk $CHUNK "${KV_QUANT[@]}"
-run_step pos "$MODEL" -m ppl -f "$TEXT3" -c "$POS_C" -chunk $CHUNK "${KV_POS[@]}" -tokenlog "$R/pos.tok.dat"
-run_step passkey "$MODEL" -m passkey -c "$PK_C" -chunk $CHUNK -s 1 "${KV_PK[@]}"
-[ "${REPORT_PLOTS_ONLY:-0}" = 1 ] || [ -s "$R/passkey.dat" ] || { echo "report: passkey wrote no records" >&2; exit 1; }
+# every PROGRESS_S seconds while step NAME (index I) runs: how far it is, from its log, and the grid's ETA
+watch_progress() {   # NAME I
+    local log=$R/$1.log.dat line eta el k est
+    while sleep "$PROGRESS_S" >/dev/null 2>&1 && kill -0 $$ 2>/dev/null; do
+        el=$(($(date +%s) - CUR_T0)); est=$(scaled "${EST_S[$1]}")
+        eta=$((est > el ? est - el : 0))
+        line=$(grep -E '^ppl: [0-9]+/[0-9]+ tokens' "$log" | tail -1 || true)   # ppl's own line, every 5 s
+        if [ -n "$line" ]; then
+            eta=$(echo "$line" | sed -n 's/.*ETA \([0-9]*\)m\([0-9]*\)s.*/\1 \2/p' | awk '{ print $1 * 60 + $2 }')
+        elif [ "$1" = passkey ]; then   # passkey prints a line per policy done
+            k=$(grep -c 'correct; two-turn' "$log" || true)
+            line="$k/${#PK[@]} policies done"
+            [ "$k" -gt 0 ] && eta=$((el * (${#PK[@]} - k) / k))
+        else line="loading"; fi
+        say "[$(($2 + 1))/4] $1, $(mmss "$el") in: $line; grid done around $(grid_eta "${eta:-0}" "$2")"
+    done
+}
+declare -A SECS
+run_step() {   # I: the I-th step
+    local i=$1 name=${STEPS[$1]}
+    local -n args=ARGS_$name
+    local out=$R/$name.dat log=$R/$name.log.dat rc=0
+    if [ "$PLOTS_ONLY" = 1 ] || { [ "${REPORT_FORCE:-0}" != 1 ] && [ "$(step_state "$name")" = complete ]; }; then
+        [ "$(step_state "$name")" = none ] || say "$name: reusing $out"
+        return 0
+    fi
+    rm -f "$out"   # ./run appends to -o
+    say "[$((i + 1))/4] $name: ./run ${args[*]}"
+    local est; est=$(scaled "${EST_S[$name]}")
+    say "[$((i + 1))/4] $name: estimated $(mmss "${EST_S[$name]}")$([ "$EST_SUM" = 0 ] || echo ", $(mmss "$est") at the pace so far"), done around $(clock "$est"); grid done around $(grid_eta "$est" "$i")"
+    echo "report: started: ./run ${args[*]}" >"$log"
+    CUR=$name; CUR_T0=$(date +%s)
+    watch_progress "$name" "$i" & WATCH=$!
+    ./run "${args[@]}" -o "$out" 2>>"$log" || rc=$?
+    kill "$WATCH" 2>/dev/null || true; wait "$WATCH" 2>/dev/null || true; WATCH=
+    if [ $rc -ne 0 ]; then
+        printf '\nreport: failed (exit %d)\n' $rc >>"$log"; CUR=
+        tail -5 "$log" >&2; exit 1
+    fi
+    SECS[$name]=$(($(date +%s) - CUR_T0)); CUR=
+    MEAS_SUM=$((MEAS_SUM + SECS[$name])); EST_SUM=$((EST_SUM + ${EST_S[$name]}))
+    echo "report: seconds: ${SECS[$name]}" >>"$log"
+    echo "report: complete: ./run ${args[*]}" >>"$log"
+    say "$name: $(mmss "${SECS[$name]}") (estimated $(mmss "${EST_S[$name]}")); $(grep -E '^(ppl: [0-9.]+ s|.*correct; two-turn)' "$log" | tail -1)"
+}
+for i in "${!STEPS[@]}"; do run_step "$i"; done
+[ "$PLOTS_ONLY" = 1 ] || [ -s "$R/passkey.dat" ] || { echo "report: passkey wrote no records" >&2; exit 1; }
 T_RUNS=$(($(date +%s) - T_START))
+INCOMPLETE=$(for s in "${STEPS[@]}"; do [ "$(step_state "$s")" = complete ] || echo -n "$s "; done)
+
+# the records of the four measurements, for both python programs below (each runs as PY_RECORDS + its own text)
+PY_RECORDS='
+import json, sys, os
+def records(R, name):   # the JSON lines of R/NAME.dat; an interrupted run may leave its last line cut short
+    p, rs = os.path.join(R, name + ".dat"), []
+    for l in (open(p) if os.path.exists(p) else []):
+        try: rs.append(json.loads(l))
+        except ValueError: pass
+    return rs
+'
 
 # ---- tables for gnuplot (python3: JSON lines -> whitespace-separated columns) -----------------------------------
-python3 - "$R" <<'EOF'
-import json, sys, os, math
+{ echo "$PY_RECORDS"; cat; } <<'EOF' | python3 - "$R"
+import math
 R = sys.argv[1]
-def load(name):
-    p = os.path.join(R, name + ".dat")
-    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
-main, quant, pos, pk = load("main"), load("quant"), load("pos"), load("passkey")
+main, quant, pos, pk = (records(R, k) for k in ("main", "quant", "pos", "passkey"))
 def fam(kv): return kv.split(",")[0].split(":")[0]
 plain = lambda kv: "," not in kv
 # (a) ppl and KL vs budget, one block per family (plain specs: f32, pos=orig, default parameters)
@@ -325,7 +512,7 @@ if have main; then
     done
     gnuplot <<EOF
 $GP_HEAD
-set output '$R/a_budget.png'
+set output '$OUT/a_budget.png'
 set multiplot layout 1,2 title "(a) Perplexity and KL vs budget, $N tokens of the Debian Reference, SmolLM2-135M (Q4_1 dequantized to f32)$label_quick"
 set logscale x 2; set xlabel 'budget (tokens per lane)'; set offsets graph 0.05, graph 0.05, 0, 0
 set ylabel 'perplexity over the span'; set key inside top right
@@ -354,7 +541,7 @@ if have quant; then
     done
     gnuplot <<EOF
 $GP_HEAD
-set output '$R/b_frontier.png'
+set output '$OUT/b_frontier.png'
 set title "(b) KL vs KV bytes allocated: eviction and quantized storage, $N tokens$label_quick"
 set logscale xy; set xlabel 'KV cache allocated (MiB, whole cache)'; set ylabel 'KL(shadow || policy), nats / token'
 set key inside bottom left; set xrange [*:$FULL_MIB * 1.6]
@@ -373,7 +560,7 @@ XMAX_C=$((8 * S))
 if have main; then
 gnuplot <<EOF
 $GP_HEAD
-set output '$R/c_nll.png'
+set output '$OUT/c_nll.png'
 set multiplot layout 2,1 title "(c) Per-token NLL over position: a window loses the first tokens at position $S$label_quick"
 set xlabel 'position'; set ylabel "NLL, nats (moving avg $MA)"; set xrange [0:$N]
 set arrow 1 from $S, graph 0 to $S, graph 1 nohead dt 2 lc rgb 'red'
@@ -395,7 +582,7 @@ while read -r _ p ok tot a na b nb; do titles+=("$p: $ok/$tot; two-turn $a/$na, 
 COLS=$((NP < 3 ? NP : 3)); ROWS=$(((NP + COLS - 1) / COLS))
 {
     echo "set terminal $PNG_T size $((COLS * 320)),$((ROWS * 270 + 50))"
-    echo "set output '$R/d_passkey.png'"
+    echo "set output '$OUT/d_passkey.png'"
     echo "set multiplot layout $ROWS,$COLS title \"(d) Passkey accuracy by depth and length (2 keys per cell), -c $PK_C$label_quick\""
     echo "set cbrange [0:1]; set palette defined (0 '#d73027', 0.5 '#fee08b', 1 '#1a9850'); unset colorbox"
     echo "set xrange [-0.5:4.5]; set yrange [-0.5:$(echo "$LENS" | awk '{print NF - 0.5}')]"
@@ -411,7 +598,7 @@ fi
 if have pos; then
 gnuplot <<EOF
 $GP_HEAD
-set output '$R/e_pos.png'
+set output '$OUT/e_pos.png'
 set multiplot layout 2,1 title "(e) sink:$POS_B over $POS_N tokens with -c $POS_C: pos=orig vs pos=cache (moving avg $MA_POS)$label_quick"
 set xlabel 'position'; set ylabel 'NLL, nats'; set xrange [0:$POS_N]
 set arrow 1 from $POS_C, graph 0 to $POS_C, graph 1 nohead dt 2 lc rgb 'red'
@@ -425,19 +612,15 @@ fi
 T_END=$(date +%s)
 
 # ---- REPORT.md --------------------------------------------------------------------------------------------------
-python3 - "$R" "$QUICK" "$N" "$S" "$L" "$B10" "$B20" "$POS_C" "$POS_B" "$PK_C" "$MA" "$MA_POS" "$((T_END - T_START))" \
-    "$T_RUNS" "$EST" "$EST_FULL" "$(cat "$CAL")" "$OMP_NUM_THREADS" "$NPROC" \
+{ echo "$PY_RECORDS"; cat; } <<'EOF' | python3 - "$R" "$OUT" "$INVOKE" "$INCOMPLETE" "$QUICK" "$N" "$S" "$L" "$B10" "$B20" "$POS_C" "$POS_B" "$PK_C" "$MA" "$MA_POS" "$((T_END - T_START))" \
+    "$T_RUNS" "$EST" "$EST_FULL" "$(cat "$CAL")" "$THROUGHPUT" "$OMP_NUM_THREADS" "$NPROC" \
     "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- '*.c' '*.h' Makefile 2>/dev/null || echo ' (with uncommitted changes to the engine)')" \
-    "$(du -b "$MODEL" | cut -f1)" "$(ntok "$TEXT")" "$(ntok "$TEXT3")" "$PKF" <<'EOF'
-import json, sys, os
-(R, quick, N, S, L, B10, B20, posc, posb, pkc, ma, ma_pos, secs, secs_runs, est, est_full, cal, threads, nproc, cpu,
- load, git, model_bytes, ntext, ntext3, pkf) = sys.argv[1:]
+    "$(du -b "$MODEL" | cut -f1)" "$(ntok "$TEXT")" "$(ntok "$TEXT3")" "$PKF"
+(R, OUT, invoke, incomplete, quick, N, S, L, B10, B20, posc, posb, pkc, ma, ma_pos, secs, secs_runs, est, est_full, cal,
+ throughput, threads, nproc, cpu, load, git, model_bytes, ntext, ntext3, pkf) = sys.argv[1:]
 quick = quick == "1"
-def load_(name):
-    p = os.path.join(R, name + ".dat")
-    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
-main, quant, pos, pk = load_("main"), load_("quant"), load_("pos"), load_("passkey")
+main, quant, pos, pk = (records(R, k) for k in ("main", "quant", "pos", "passkey"))
 def parse_kv(s): return dict(x.split("=") for x in s.split())
 E, EF, C = parse_kv(est), parse_kv(est_full), parse_kv(cal)
 mmss = lambda s: "%dm%02ds" % (int(float(s)) // 60, int(float(s)) % 60)
@@ -456,6 +639,11 @@ if quick:
     w("**This is the quick grid (`REPORT_QUICK=1 make report`), not the full grid**: %s tokens instead of 8,192, fewer "
       "policies, passkey at `-c %s`. It exists to test `tools/report.sh` end to end; its numbers are small-sample "
       "and are not findings. `make report` runs the full grid.\n" % (N, pkc))
+if incomplete.split():
+    w("**Incomplete**: the measurement%s %s did not run or did not finish (interrupted or failed): %s tables and plots "
+      "show only what was recorded. `%s` measures %s again.\n" % ("s" if len(incomplete.split()) > 1 else "",
+      ", ".join(incomplete.split()), "their" if len(incomplete.split()) > 1 else "its", invoke,
+      "them" if len(incomplete.split()) > 1 else "it"))
 w("Written by `tools/report.sh` (`make report`). Model: `models/smollm2-135m-instruct.bin` (SmolLM2-135M-Instruct, %s "
   "bytes). **The default weights are a Q4_1 GGUF dequantized to f32**: every figure below belongs to that model and "
   "none is compared with published SmolLM2 numbers.\n" % model_bytes)
@@ -472,8 +660,7 @@ steps = [took(k) for k in ("main", "quant", "pos", "passkey")]
 w("| run time | %s for the four measurements (%s), from their logs; the throughput measurement, text preparation "
   "and plots add a minute or two |" % (mmss(sum(x for x in steps if x is not None)) if all(x is not None for x in steps) else "?",
   ", ".join("%s %s" % (k, mmss(x) if x is not None else "?") for k, x in zip(("main", "quant", "pos", "passkey"), steps))))
-w("| measured throughput | %.1f tok/s per policy run (matmuls), %.3g µs per attended token, %.0f ms per unbatched decode step |"
-  % (1 / float(C["a"]), float(C["b"]) * 1e6, float(C["d"]) * 1e3))
+w("| measured throughput | %s |" % throughput)
 w("| this grid: estimated / measured | " + ", ".join("%s %s / %s" % (k, mmss(E[k]), mmss(took(k)) if took(k) is not None else "?") for k in ("main", "quant", "pos", "passkey"))
   + "; total %s |" % mmss(E["total"]))
 w("| estimate for the full grid | %s (main %s, quant %s, pos %s, passkey at -c %s %s) at %s thread(s), load average %s when measured |"
@@ -556,9 +743,9 @@ for p in pols:
       "`%s` (%d×)" % (top[0].strip().replace("|", "\\|").replace("`", "'"), top[1]) if top else ""))
 w("")
 w("## Reproducing\n")
-w("`%smake report` reruns everything (measurements whose JSON in `report/*.dat` is complete are reused; "
-  "`REPORT_FORCE=1` reruns them). Raw data (`report/*.dat`: JSON lines from `-o`, `-tokenlog`, stderr, gnuplot tables) "
-  "is not committed.\n" % ("REPORT_QUICK=1 " if quick else ""))
-open(os.path.join(R, "REPORT.md"), "w").write("\n".join(out) + "\n")
+w("`%s` reruns everything and writes this report to `%s/` (measurements whose JSON in `%s/*.dat` is complete are "
+  "reused; `REPORT_FORCE=1` reruns them). Raw data (`%s/*.dat`: JSON lines from `-o`, `-tokenlog`, stderr, gnuplot "
+  "tables) is not committed.\n" % (invoke, OUT, R, R))
+open(os.path.join(OUT, "REPORT.md"), "w").write("\n".join(out) + "\n")
 EOF
-say "wrote $R/REPORT.md and $(ls "$R"/*.png | wc -l) plots in $((T_END - T_START)) s"
+say "wrote $OUT/REPORT.md and $(ls "$OUT"/*.png 2>/dev/null | wc -l) plots in $((T_END - T_START)) s"

@@ -41,7 +41,7 @@ static const FlagDef FLAGS[] = {
     {"-y", "TEXT", M_CHAT, "system prompt"},
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},
-    {"-kvlog", "FILE", M_GEN | M_CHAT, "eviction log, JSON lines"},
+    {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY, "cache events (evictions) of every policy, JSON lines"},
     {"-d", "DEV", M_CACHE, "cpu or cuda, default cuda when usable (attention only, generate and chat)"},
     {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH, "results, JSON lines, appended"},
     {"-chunk", "N", M_PPL | M_PASSKEY, "tokens per batched step, default 1 (ppl), 32 (passkey); same results"},

@@ -151,6 +151,9 @@ typedef struct {
     long recall_n;          /* steps counted per layer (× n_kv_heads in the sum) */
     double cur_nll, cur_kl; /* this token's, for -tokenlog */
     double seconds;         /* time in this run's forward pass (its share of the lockstep run) */
+    KVLog kvlog;            /* -kvlog's writer for this cache */
+    IdList view;            /* ppl: the current document's token ids, for the log (not owned) */
+    IdList asked;           /* passkey: every token fed since the question's cache reset, by position (owned) */
     KVBytes peak;           /* the largest allocation and live bytes seen */
 } PolicyRun;
 
@@ -321,6 +324,8 @@ static void policy_run_init(PolicyRun *r, const Model *m, const char *spec_text,
 }
 
 static void policy_run_free(PolicyRun *r) {
+    line_free(&r->kvlog.line);
+    free(r->asked.ids);
     kv_cache_free(&r->cache);
     state_free(&r->s);
     free(r->recall);
@@ -393,7 +398,12 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
     }
     for (int d = 0; d < n_docs && done < total && !run_signal; d++) {
         /* every cache, score and position restarts with each document */
-        for (int k = 0; k < n_runs; k++) { kv_cache_reset(&runs[k].cache); runs[k].alive = 1; }
+        for (int k = 0; k < n_runs; k++) {
+            kv_cache_reset(&runs[k].cache);
+            runs[k].alive = 1;
+            runs[k].view = (IdList){docs[d].ids, docs[d].n, docs[d].n};
+            runs[k].kvlog.doc = d;
+        }
         const int *tok = docs[d].ids;
         long n_feed = (long)docs[d].n - 1;   /* the last token is only predicted */
         if (n_feed > total - done) n_feed = total - done;
@@ -508,6 +518,8 @@ static int ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
             for (int k = 0; k < n_runs; k++) {
                 PolicyRun *r = &runs[k];
                 kv_cache_reset(&r->cache);
+                r->view = (IdList){in, (size_t)n_ctx, (size_t)n_ctx};
+                r->kvlog.doc = d;
                 for (int j0 = 0; j0 < n_ctx - 1; j0 += chunk) {
                     int nt = n_ctx - 1 - j0 < chunk ? n_ctx - 1 - j0 : chunk;
                     if (forward_chunk((Model *)m, &r->s, &r->cache, in + j0, nt, j0))
@@ -570,9 +582,14 @@ int run_ppl(Model *m, const Options *o) {
         e.shadow_prob = calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float));
         if (!e.shadow_prob) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
     }
-    OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE;
+    OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->tokenlog) outfile_open(&tokenlog, "-tokenlog", o->tokenlog, 0);
     if (o->out) outfile_open(&out, "-o", o->out, 1);
+    if (o->kvlog) {
+        outfile_open(&kvlog, "-kvlog", o->kvlog, 0);
+        for (int k = 0; k < n_runs; k++)
+            if (!runs[k].is_shadow) kvlog_attach(&runs[k].kvlog, &kvlog, m, &runs[k].view, &runs[k].cache);
+    }
     run_job_start();
     fprintf(stderr, "ppl: %d document%s, %ld tokens, -c %d, mode %s, %d polic%s\n", o->n_files, o->n_files > 1 ? "s" : "",
             n_tokens, ctx, o->ppl_mode, n_pol, n_pol > 1 ? "ies" : "y");
@@ -642,6 +659,7 @@ int run_ppl(Model *m, const Options *o) {
     line_free(&pv.cmdline);
     outfile_close(&tokenlog);
     outfile_close(&out);
+    outfile_close(&kvlog);
     for (int k = 0; k < n_runs; k++) policy_run_free(&runs[k]);
     free(runs);
     free(e.shadow_prob);
@@ -847,6 +865,7 @@ static long passkey_answer(Model *m, PolicyRun *r, int *pos, int max_new, char *
         if (tokenizer_is_eog(&m->tokenizer, next)) break;
         size_t len = tokdec_push(&d, next, piece, sizeof piece);
         if (n + len < cap) { memcpy(buf + n, piece, len); n += len; }
+        ids_push(&r->asked, next);
         if (forward(m, &r->s, &r->cache, next, (*pos)++)) return PK_CACHE_FULL;
         if (run_signal) return PK_STOPPED;
     }
@@ -890,6 +909,8 @@ static long passkey_ask(Model *m, PolicyRun *r, const char *text, int fresh, int
         *pos = 0;
     }
     *n_prompt = n;
+    if (fresh) r->asked.n = 0;   /* for -kvlog: the token at each position */
+    for (size_t i = 0; i < n; i++) ids_push(&r->asked, ids[i]);
     answer[0] = 0;
     int pre = prefill(m, r, ids, n, pos, chunk);
     long got = pre == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : pre;
@@ -926,8 +947,9 @@ int run_passkey(Model *m, const Options *o) {
     uint64_t seed = o->seed_set ? o->seed : 1, rng = seed;
     Sha256 text_sha;
     sha_init(&text_sha);
-    OutFile out = OUTFILE_NONE;
+    OutFile out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->out) outfile_open(&out, "-o", o->out, 1);
+    if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
     Line ln = {0};
@@ -940,6 +962,7 @@ int run_passkey(Model *m, const Options *o) {
         rng = seed;   /* every policy is asked the same keys at the same depths */
         PolicyRun r;
         policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "passkey");
+        if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
         fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");
         for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.2f", depths[di]);
         fprintf(stderr, "\n");
@@ -1025,5 +1048,6 @@ int run_passkey(Model *m, const Options *o) {
     line_free(&ln);
     line_free(&pv.cmdline);
     outfile_close(&out);
+    outfile_close(&kvlog);
     return stopped ? 128 + run_signal : 0;
 }

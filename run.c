@@ -257,6 +257,46 @@ static void ids_append_text(IdList *l, const Model *m, const char *text) {
     free(ids);
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * -kvlog: one JSON line per cache event, in every mode that runs a cache
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static void kvlog_event(void *ctx, int pos_now, int layer, int kv_head, int evicted_pos, double score,
+                        const char *reason) {
+    KVLog *lg = ctx;
+    const IdList *st = lg->stream;
+    int known = st && evicted_pos >= 0 && (size_t)evicted_pos < st->n;
+    char piece[2 * TOKDEC_OUT_MAX + 8] = "";
+    if (lg->m->has_tokenizer && known) {
+        TokenDecoder d;
+        tokdec_init(&d, &lg->m->tokenizer);
+        size_t n = tokdec_push(&d, st->ids[evicted_pos], piece, sizeof piece - 8);
+        n += tokdec_flush(&d, piece + n, sizeof piece - 8 - n);
+        piece[n] = 0;
+    }
+    Line *l = &lg->line;
+    line_printf(l, "{\"kv\":\"");
+    line_json_str(l, lg->cache->spec.text);
+    line_printf(l, "\",\"event\":\"evict\",");
+    if (lg->doc >= 0) line_printf(l, "\"doc\":%d,", lg->doc);
+    line_printf(l, "\"step\":%d,\"layer\":%d,\"kv_head\":%d,\"evicted_pos\":%d,\"token_id\":%d,\"token\":\"", pos_now,
+                layer, kv_head, evicted_pos, known ? st->ids[evicted_pos] : -1);
+    line_json_str(l, piece);
+    line_printf(l, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", score, reason);
+    outfile_line(lg->out, l);
+}
+
+void kvlog_attach(KVLog *lg, OutFile *out, const Model *m, const IdList *stream, KVCache *c) {
+    memset(lg, 0, sizeof *lg);
+    lg->out = out;
+    lg->m = m;
+    lg->stream = stream;
+    lg->cache = c;
+    lg->doc = -1;
+    c->on_evict = kvlog_event;
+    c->evict_ctx = lg;
+}
+
 /* The engine state of one generation: model, cache, sampler, the token stream so far. */
 typedef struct {
     Model *m;
@@ -266,8 +306,8 @@ typedef struct {
     IdList stream;     /* every token fed so far, by position */
     int pos;           /* next position */
     int capacity;      /* tokens the cache can ever hold (full), or INT_MAX for evicting policies */
-    OutFile kvlog;
-    Line kvline;       /* the -kvlog record being composed */
+    OutFile kvlog_file;
+    KVLog kvlog;
     TokenDecoder dec;
     int print_ids;
     int verbose;       /* -v: also print each prompt's ids */
@@ -276,27 +316,6 @@ typedef struct {
     int n_prompt, n_gen;
 } Session;
 
-static void kvlog_event(void *ctx, int pos_now, int layer, int kv_head, int evicted_pos, double score,
-                        const char *reason) {
-    Session *se = ctx;
-    char piece[2 * TOKDEC_OUT_MAX + 8] = "";
-    if (se->m->has_tokenizer && evicted_pos >= 0 && (size_t)evicted_pos < se->stream.n) {
-        TokenDecoder d;
-        tokdec_init(&d, &se->m->tokenizer);
-        size_t n = tokdec_push(&d, se->stream.ids[evicted_pos], piece, sizeof piece - 8);
-        n += tokdec_flush(&d, piece + n, sizeof piece - 8 - n);
-        piece[n] = 0;
-    }
-    Line *l = &se->kvline;
-    line_printf(l, "{\"kv\":\"");
-    line_json_str(l, se->cache.spec.text);
-    line_printf(l, "\",\"event\":\"evict\",\"step\":%d,\"layer\":%d,\"kv_head\":%d,\"evicted_pos\":%d,\"token_id\":%d,"
-                "\"token\":\"", pos_now, layer, kv_head, evicted_pos,
-                evicted_pos >= 0 && (size_t)evicted_pos < se->stream.n ? se->stream.ids[evicted_pos] : -1);
-    line_json_str(l, piece);
-    line_printf(l, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", score, reason);
-    outfile_line(&se->kvlog, l);
-}
 
 
 static void session_init(Session *se, Model *m, const Options *o, uint64_t seed) {
@@ -315,11 +334,10 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
     se->capacity = se->cache.policy.ops->evicts ? INT_MAX : se->cache.budget;
     if (state_init_chunk(&se->s, c, PREFILL_CHUNK) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
         fatal("out of memory");
-    se->kvlog = (OutFile)OUTFILE_NONE;
+    se->kvlog_file = (OutFile)OUTFILE_NONE;
     if (o->kvlog) {
-        outfile_open(&se->kvlog, "-kvlog", o->kvlog, 0);
-        se->cache.on_evict = kvlog_event;
-        se->cache.evict_ctx = se;
+        outfile_open(&se->kvlog_file, "-kvlog", o->kvlog, 0);
+        kvlog_attach(&se->kvlog, &se->kvlog_file, m, &se->stream, &se->cache);
     }
     if (m->has_tokenizer) tokdec_init(&se->dec, &m->tokenizer);
     se->print_ids = o->print_ids || !m->has_tokenizer;
@@ -327,8 +345,8 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
 }
 
 static void session_free(Session *se) {
-    outfile_close(&se->kvlog);
-    line_free(&se->kvline);
+    outfile_close(&se->kvlog_file);
+    line_free(&se->kvlog.line);
     kv_cache_free(&se->cache);
     state_free(&se->s);
     sampler_free(&se->sampler);

@@ -76,6 +76,20 @@ void sampler_free(Sampler *sp);
 int sample(Sampler *sp, float *logits);
 int sample_argmax(const float *logits, int n);   /* the first index of the largest logit */
 
+/* -kvlog (every mode that runs a cache): one JSON line per event of cache c ("evict": the slot freed, its position,
+ * token id and text when the stream holds it, the policy's score and reason), written whole to out, which several
+ * caches may share (each line names its policy). stream: the token ids by position (may grow; NULL = ids unknown);
+ * doc: set it to the document index in ppl (-1: none). */
+typedef struct {
+    OutFile *out;
+    const Model *m;
+    const IdList *stream;
+    const KVCache *cache;
+    int doc;
+    Line line;   /* the record being composed */
+} KVLog;
+void kvlog_attach(KVLog *lg, OutFile *out, const Model *m, const IdList *stream, KVCache *c);
+
 /* -m generate and -m chat: one cache with o's policy, the prompt prefilled, tokens sampled and printed; the summary
  * line on stderr. cuda: attention on the device mirror (attn.h). Returns the exit status (0; 1 when a prompt does not
  * fit under full; 128 + the signal when SIGINT/SIGTERM stopped it). */

@@ -99,3 +99,21 @@ else fail "cmd in -o: '$cmd' reads back as $# words, -f '$6'"; fi
 "$RUN" "$M" -ids -n 1 -i 1 2>"$tmp/err" >/dev/null
 grep -q "RoPE theta 10000, RMSNorm eps 1e-05" "$tmp/err" && pass "start line: RoPE theta and RMSNorm eps" \
     || fail "start line: $(grep '^run:' "$tmp/err" | tail -1)"
+
+# --- -kvlog in ppl: every policy's evictions, each line naming its policy and document ---
+seq 2 41 | tr '\n' ' ' >"$tmp/ids40.txt"
+"$RUN" "$M" -m ppl -f "$tmp/ids40.txt" -f "$tmp/ids40.txt" -c 64 -chunk 8 -kv window:8 -kv sink:10 \
+    -kvlog "$tmp/ppl.kvlog" >/dev/null 2>"$tmp/err" || fail "ppl -kvlog: $(tail -c 200 "$tmp/err")"
+# per document 39 positions are fed; window:8 evicts at positions 8..38 (31), sink:10 at 10..38 (29); x 6 lanes
+if python3 - "$tmp/ppl.kvlog" <<'PY'
+import json, sys, collections
+c = collections.Counter()
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    assert r["event"] == "evict" and r["evicted_pos"] < r["step"], r
+    c[(r["kv"], r["doc"])] += 1
+want = {("window:8", 0): 186, ("window:8", 1): 186, ("sink:10", 0): 174, ("sink:10", 1): 174}
+assert dict(c) == want, dict(c)
+PY
+then pass "ppl -kvlog: 186 evictions per document for window:8, 174 for sink:10, each line naming policy and document"
+else fail "ppl -kvlog counts"; fi

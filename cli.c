@@ -114,8 +114,9 @@ void usage_policies(FILE *f) {
                "cache, e.g. 64MiB):\n");
     for (int i = 0; kv_policy_at(i); i++) {
         const KVPolicyOps *p = kv_policy_at(i);
-        fprintf(f, "\n  %s%s\n    %s\n    keys: %s\n    source: %s\n", p->name, p->needs_budget ? ":BUDGET" : "",
-                p->summary, *p->options ? p->options : "none of its own", p->paper);
+        fprintf(f, "\n  %s%s\n    %s\n    keys: %s\n    example: %s\n    source: %s\n", p->name,
+                p->needs_budget ? ":BUDGET" : "", p->summary, *p->options ? p->options : "none of its own", p->example,
+                p->paper);
     }
     fprintf(f, "\nkeys every policy takes:\n"
                "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4\n"

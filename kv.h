@@ -129,6 +129,8 @@ typedef struct {
     const char *name;
     const char *summary;       /* one line for -h */
     const char *paper;         /* the paper (or the classic method) it implements, for -h policies */
+    const char *example;       /* a small spec that runs in every mode (budget 16): -h policies and the tests' loops
+                                  over every registered policy use it */
     const char *options;       /* its own keys, for error messages ("sinks=S"), or "" */
     const char *reason;        /* why it evicts, for the -kvlog "reason" field ("lowest accumulated attention") */
     int needs_budget;          /* 1: NAME:BUDGET is required */

@@ -91,6 +91,7 @@ static int argmin_f32(const KVLane *ln, int i0, int i1) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps policy_full = {
+    .example = "full",
     .name = "full",
     .paper = "the plain KV cache of a Transformer decoder (Vaswani et al. 2017)",
     .summary = "never evict; budget = the context (-c)", .options = "", .reason = "none",
@@ -109,6 +110,7 @@ static int window_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *v
 }
 
 static const KVPolicyOps policy_window = {
+    .example = "window:16",
     .name = "window",
     .paper = "sliding window: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1",
     .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
@@ -149,6 +151,7 @@ static void sink_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_sink = {
+    .example = "sink:16,sinks=4",
     .name = "sink",
     .paper = "StreamingLLM: Xiao et al. 2023, arXiv:2309.17453, section 3.2",
     .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
@@ -198,6 +201,7 @@ static void recent_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_h2o = {
+    .example = "h2o:16,recent=8",
     .name = "h2o",
     .paper = "H2O: Zhang et al. 2023, arXiv:2306.14048, section 4, Algorithm 1",
     .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
@@ -279,6 +283,7 @@ static void tova_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_tova = {
+    .example = "tova:16",
     .name = "tova", .paper = "TOVA: Oren et al. 2024, Transformers are Multi-State RNNs, arXiv:2401.06104, section 3", .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
     .options = "per=lane|layer (default lane)", .reason = "lowest attention at the last step", .needs_budget = 1,
     .evicts = 1, .needs_attention = 1, .init = tova_init, .free = tova_free, .meta_bytes_per_slot = meta_4,
@@ -385,6 +390,7 @@ static void scissors_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_scissorhands = {
+    .example = "scissorhands:16,drop=2",
     .name = "scissorhands", .paper = "Scissorhands: Liu et al. 2023, arXiv:2305.17118, section 4",
     .summary = "scissorhands:N frees the tokens most often below 1/n attention over the last H steps (Scissorhands)",
     .options = "recent=R, history=H (default N/4 each), drop=M (default 1)",
@@ -450,6 +456,7 @@ static void lru_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_lru = {
+    .example = "lru:16",
     .name = "lru",
     .paper = "least recently used, the classic cache policy, with use read from attention",
     .summary = "lru:N evicts the token whose attention last reached thresh/(live slots) longest ago",
@@ -504,6 +511,7 @@ static void random_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_random = {
+    .example = "random:16,seed=1",
     .name = "random",
     .paper = "uniform random eviction, the baseline of the eviction papers",
     .summary = "random:N evicts a uniformly drawn token (counter-based, seed=K)",
@@ -602,6 +610,7 @@ static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
 }
 
 static const KVPolicyOps policy_snapkv = {
+    .example = "snapkv:16,obs=4,prefill=32",
     .name = "snapkv",
     .paper = "SnapKV: Li et al. 2024, arXiv:2404.14469, section 4",
     .summary = "snapkv:N compresses the prompt once to N tokens from its last obs queries (SnapKV)",

@@ -31,8 +31,12 @@ nll_sum() {
         END { printf "%.12g %d\n", s, n }' "$1"
 }
 
-POLS=(-kv full -kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12 -kv tova:12,per=layer
-      -kv scissorhands:12 -kv lru:12 -kv random:12 -kv window:12,pos=cache -kv sink:12,type=q8 -kv h2o:12,type=q4,residual=3)
+# every registered policy (its -h policies example), then variants of position, aggregation and storage
+POLS=()
+for spec in $(./run -h policies | sed -n 's/^    example: //p'); do POLS+=(-kv "$spec"); done
+[ ${#POLS[@]} -ge 18 ] || fail "./run -h policies lists $((${#POLS[@]} / 2)) examples"
+POLS+=(-kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12,per=layer -kv window:12,pos=cache
+       -kv sink:12,type=q8 -kv h2o:12,type=q4,residual=3)
 # --- batched == token by token, 1 == 2 threads ---
 OMP_NUM_THREADS=2 ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" -chunk 1 -tokenlog "$tmp/c1.jsonl" 2>"$tmp/err1"
 rc1=$?

@@ -36,15 +36,16 @@ expect_error "h2o:64,recent=80" "recent=80" "recent <= 63"
 expect_error "h2o:64,recent=64" "recent=64" "recent <= 63"
 expect_error "sink:4,sinks=4" "sinks=4" "sinks <= 2"
 expect_error "sink:abc" "'abc'" "tokens per lane (1024) or bytes"
-expect_error "nosuch:5" "'nosuch'" "full, window, sink, h2o, tova, scissorhands, lru, random, snapkv"
+expect_error "nosuch:5" "'nosuch'" "$("$RUN" -h | sed -n 's/^policies: \([^(]*\) (.*/\1/p')"
 expect_error "window:8,type=q3" "type=q3" "f32, f16, bf16, q8, q4"
 expect_error "window:8,pos=middle" "pos=middle" "orig, cache"
 expect_error "window:8,colour=red" "'colour'" "type, ktype, vtype, residual, pos, agg"
 
 # every policy generates 60 tokens with a budget of 16, greedy, no error: 12 prompt positions + 59 fed back (the last
 # sampled token is printed, not fed) = 71 positions, more than twice the budget
-for spec in "window:16" "sink:16" "sink:16,pos=cache" "h2o:16" "tova:16" "tova:16,per=layer" "scissorhands:16,drop=2" \
-            "lru:16" "random:16" "h2o:16,type=q8,residual=4" "window:16,ktype=q4,vtype=f16" "h2o:16KiB"; do
+# (every registered policy's -h policies example, then variants)
+for spec in $("$RUN" -h policies | sed -n 's/^    example: //p' | grep -v '^full$') "sink:16,pos=cache" \
+            "tova:16,per=layer" "h2o:16,type=q8,residual=4" "window:16,ktype=q4,vtype=f16" "h2o:16KiB"; do
     out=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$spec" 2>"$tmp/err"); rc=$?
     n=$(echo "$out" | wc -w)
     if [ $rc -eq 0 ] && [ "$n" -eq 60 ]; then pass "./run -kv '$spec' generates 60 tokens past twice its budget"

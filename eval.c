@@ -606,8 +606,8 @@ int run_ppl(Model *m, const Options *o) {
 
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
-    fprintf(stderr, "\n%-34s %8s %9s %9s %9s %7s %9s %9s %7s %10s\n", "policy (span: positions < -c)", "tokens", "ppl",
-            "ΔNLL", "KL", "top1", "Δp", "ppl(all)", "recall", "KV MiB");
+    fprintf(stderr, "\n%-34s %8s %9s %9s %9s %7s %9s %9s %7s %10s %10s\n", "policy (span: positions < -c)", "tokens",
+            "ppl", "ΔNLL", "KL", "top1", "Δp", "ppl(all)", "recall", "KV MiB", "read MiB");
     Line ln = {0};
     for (int k = 0; k < n_runs; k++) {
         PolicyRun *r = &runs[k];
@@ -617,14 +617,16 @@ int run_ppl(Model *m, const Options *o) {
         for (int l = 0; l < L; l++) rec += r->recall_n ? r->recall[l] / r->recall_n : 0;
         rec /= L;
         const char *name = r->is_shadow ? "shadow (full, f32)" : r->cache.spec.text;
+        /* the second axis: KV bytes attention read per token, over every token this cache ran */
+        double read = r->cache.steps_read ? (double)r->cache.bytes_read / r->cache.steps_read : 0;
         if (r->is_shadow || chunked)
-            fprintf(stderr, "%-34s %8ld %9.4f %9s %9s %7s %9s %9.4f %7s %10.2f\n", name, r->span.n,
+            fprintf(stderr, "%-34s %8ld %9.4f %9s %9s %7s %9s %9.4f %7s %10.2f %10.3f\n", name, r->span.n,
                     exp(r->span.nll / n), "-", "-", "-", "-", exp(r->all.nll / (r->all.n ? r->all.n : 1)), "-",
-                    r->peak.total_alloc / 1048576.0);
+                    r->peak.total_alloc / 1048576.0, read / 1048576.0);
         else
-            fprintf(stderr, "%-34s %8ld %9.4f %9.5f %9.5f %7.4f %9.5f %9.4f %7.4f %10.2f\n", name, r->span.n,
+            fprintf(stderr, "%-34s %8ld %9.4f %9.5f %9.5f %7.4f %9.5f %9.4f %7.4f %10.2f %10.3f\n", name, r->span.n,
                     exp(r->span.nll / n), r->dnll / n, r->kl / n, r->top1 / n, r->dp / n,
-                    exp(r->all.nll / (r->all.n ? r->all.n : 1)), rec, r->peak.total_alloc / 1048576.0);
+                    exp(r->all.nll / (r->all.n ? r->all.n : 1)), rec, r->peak.total_alloc / 1048576.0, read / 1048576.0);
         if (out.fd < 0) continue;
         line_printf(&ln, "{\"mode\":\"ppl\",\"ppl_mode\":\"%s\",\"kv\":\"", o->ppl_mode);
         line_json_str(&ln, r->is_shadow ? "shadow" : r->cache.spec.text);
@@ -640,8 +642,10 @@ int run_ppl(Model *m, const Options *o) {
                 line_printf(&ln, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
             line_printf(&ln, "],");
         }
-        line_printf(&ln, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,\"seconds\":%.3f,"
-                    "\"wall_seconds\":%.3f,", r->peak.total_alloc, r->peak.peak_live, r->peak.formula_alloc,
+        line_printf(&ln, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,"
+                    "\"kv_read_bytes_per_token\":%.1f,\"kv_moved_bytes_per_token\":%.1f,\"seconds\":%.3f,"
+                    "\"wall_seconds\":%.3f,", r->peak.total_alloc, r->peak.peak_live, r->peak.formula_alloc, read,
+                    r->cache.steps_read ? (double)r->cache.bytes_moved / r->cache.steps_read : 0,
                     chunked ? secs / n_runs : r->seconds, secs);
         json_provenance_end(&ln, &pv);
         outfile_line(&out, &ln);
@@ -727,8 +731,8 @@ int run_bench(Model *m, const Options *o) {
     run_job_start();
     fprintf(stderr, "bench: contexts up to %d tokens (-c), %d decode steps each, %d thread%s\n", ctx_max, steps,
             pv.threads, pv.threads == 1 ? "" : "s");
-    fprintf(stderr, "%-28s %7s %9s %10s %9s %9s %8s %8s %8s %10s %10s\n", "policy", "context", "TTFT ms", "prefill t/s",
-            "p50 ms", "p95 ms", "matmul%", "attn%", "other%", "KV MiB", "live MiB");
+    fprintf(stderr, "%-28s %7s %9s %10s %9s %9s %8s %8s %8s %10s %10s %10s\n", "policy", "context", "TTFT ms",
+            "prefill t/s", "p50 ms", "p95 ms", "matmul%", "attn%", "other%", "KV MiB", "live MiB", "read MiB");
     double *ms = malloc((size_t)steps * sizeof(double));
     for (int k = 0; k < n_pol && !run_signal; k++) {
         PolicyRun r;
@@ -747,6 +751,8 @@ int run_bench(Model *m, const Options *o) {
             int next = sample_argmax(r.s.logits, m->config.vocab_size);
             double ttft = now_s() - t0;
             r.s.t_matmul = r.s.t_attn = 0;
+            uint64_t read0 = r.cache.bytes_read;
+            long steps0 = r.cache.steps_read;
             double td0 = now_s();
             int done = 0;
             for (int st = 0; st < steps && !run_signal; st++) {
@@ -760,18 +766,22 @@ int run_bench(Model *m, const Options *o) {
             double p50 = done ? ms[done / 2] : 0, p95 = done ? ms[(int)(0.95 * (done - 1) + 0.5)] : 0;
             KVBytes b = kv_bytes(&r.cache);
             double fm = tdec > 0 ? r.s.t_matmul / tdec : 0, fa = tdec > 0 ? r.s.t_attn / tdec : 0;
-            fprintf(stderr, "%-28s %7d %9.1f %10.1f %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %10.2f %10.2f%s\n",
+            long rd_steps = r.cache.steps_read - steps0;
+            double read = rd_steps ? (double)(r.cache.bytes_read - read0) / rd_steps : 0;   /* KV bytes per step */
+            fprintf(stderr, "%-28s %7d %9.1f %10.1f %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %10.2f %10.2f %10.3f%s\n",
                     r.cache.spec.text, L, ttft * 1e3, L / ttft, p50, p95, 100 * fm, 100 * fa, 100 * (1 - fm - fa),
-                    b.total_alloc / 1048576.0, b.total_live / 1048576.0, done < steps ? " (partial)" : "");
+                    b.total_alloc / 1048576.0, b.total_live / 1048576.0, read / 1048576.0,
+                    done < steps ? " (partial)" : "");
             if (out.fd < 0) continue;
             line_printf(&ln, "{\"mode\":\"bench\",\"kv\":\"");
             line_json_str(&ln, r.cache.spec.text);
             line_printf(&ln, "\",\"budget\":%d,\"context\":%d,\"partial\":%s,\"ttft_ms\":%.3f,\"prefill_tok_s\":%.3f,"
                         "\"decode_steps\":%d,\"decode_ms_p50\":%.4f,\"decode_ms_p95\":%.4f,\"decode_tok_s\":%.3f,"
                         "\"matmul_frac\":%.4f,\"attn_frac\":%.4f,\"kv_alloc_bytes\":%zu,\"kv_live_bytes\":%zu,"
-                        "\"kv_peak_live_bytes\":%zu,\"peak_rss_kib\":%ld,", r.cache.policy.budget, L,
+                        "\"kv_peak_live_bytes\":%zu,\"kv_read_bytes_per_step\":%.1f,\"kv_moved_bytes_per_step\":0,"
+                        "\"peak_rss_kib\":%ld,", r.cache.policy.budget, L,
                         done < steps ? "true" : "false", ttft * 1e3, L / ttft, done, p50, p95,
-                        tdec > 0 ? done / tdec : 0, fm, fa, b.total_alloc, b.total_live, b.peak_live, peak_rss_kib());
+                        tdec > 0 ? done / tdec : 0, fm, fa, b.total_alloc, b.total_live, b.peak_live, read, peak_rss_kib());
             json_provenance_end(&ln, &pv);
             outfile_line(&out, &ln);
         }

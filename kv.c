@@ -1336,6 +1336,9 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
 void kv_attend_policy(KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     int n_kv = c->shape.n_kv_heads, group = c->shape.n_heads / n_kv, budget = c->budget;
+    /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune) */
+    for (int g = 0; g < n_kv; g++) c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+    if (l == 0) c->steps_read++;
     /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */
     if (ops->on_attend)
         for (int g = 0; g < n_kv; g++) {

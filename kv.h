@@ -245,6 +245,12 @@ struct KVCache {
     size_t peak_live_bytes;
     KVEvictFn on_evict; void *evict_ctx;
     int n_evictions;         /* tokens evicted, all lanes, since init */
+    /* the second axis, since init: KV bytes attention read (every slot a query attended, in its stored form: vectors,
+       scales and minimums; counted once per kv head, as GQA's query heads share the read) and the tokens that read
+       them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
+    uint64_t bytes_read;
+    long steps_read;
+    uint64_t bytes_moved;    /* between memory tiers: 0 until a cache has a slow tier */
     KVSlotFn on_slot; void *slot_ctx;   /* the device mirror's observer, or NULL */
     void *device;            /* the device mirror (AttnDevice, attn.h) when attention runs on a GPU; NULL: the CPU */
 };

@@ -313,6 +313,8 @@ typedef struct {
     int verbose;       /* -v: also print each prompt's ids */
     uint64_t seed;
     double t_prompt, t_decode;
+    uint64_t dec_bytes_read;   /* KV bytes attention read in decode steps (the cache's second axis) */
+    long dec_steps;
     int n_prompt, n_gen;
 } Session;
 
@@ -423,6 +425,8 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
     double t1 = now_s();
     se->t_prompt += t1 - t0;
     int end = run_signal ? GEN_SIGNAL : GEN_DONE;
+    uint64_t read0 = se->cache.bytes_read;
+    long steps0 = se->cache.steps_read;
     for (int k = 0; k < steps && end == GEN_DONE; k++) {
         int next = sample(&se->sampler, se->s.logits);
         if (is_stop(se->m, next, extra_stop)) {
@@ -438,6 +442,8 @@ static int session_generate(Session *se, const IdList *prompt, int steps, int ex
         else if (run_signal) end = GEN_SIGNAL;
     }
     se->t_decode += now_s() - t1;
+    se->dec_bytes_read += se->cache.bytes_read - read0;
+    se->dec_steps += se->cache.steps_read - steps0;
     emit_flush(se);
     if (end == GEN_FULL) fprintf(stderr, "run: the cache is full (%d tokens, -c): generation stopped\n", se->capacity);
     if (end == GEN_SIGNAL) fprintf(stderr, "run: %s: generation stopped\n", run_signal_name(run_signal));
@@ -470,10 +476,12 @@ static void print_summary(Session *se, const Options *o) {
     }
     double tps = se->n_gen > 1 && se->t_decode > 0 ? (se->n_gen - 1) / se->t_decode : 0;
     fprintf(stderr, "prompt %d tok (%.1f tok/s), generated %d tok, %.2f tok/s, kv %s budget %d: %.2f MiB allocated "
-            "(formula 2*L*kvh*hd*tokens*bytes = %.2f MiB), %.2f MiB live, peak %.2f MiB; peak RSS %.1f MiB; %s\n",
+            "(formula 2*L*kvh*hd*tokens*bytes = %.2f MiB), %.2f MiB live, peak %.2f MiB, read %.3f MiB per decode step, "
+            "moved %.3f MiB; peak RSS %.1f MiB; %s\n",
             se->n_prompt, se->t_prompt > 0 ? se->n_prompt / se->t_prompt : 0, se->n_gen, tps, se->cache.spec.text,
             se->cache.policy.budget, b.total_alloc / 1048576.0, b.formula_alloc / 1048576.0, b.total_live / 1048576.0,
-            b.peak_live / 1048576.0, peak_rss_kib() / 1024.0, dev);
+            b.peak_live / 1048576.0, se->dec_steps ? (double)se->dec_bytes_read / se->dec_steps / 1048576.0 : 0,
+            se->cache.bytes_moved / 1048576.0, peak_rss_kib() / 1024.0, dev);
 }
 
 

@@ -117,3 +117,21 @@ assert dict(c) == want, dict(c)
 PY
 then pass "ppl -kvlog: 186 evictions per document for window:8, 174 for sink:10, each line naming policy and document"
 else fail "ppl -kvlog counts"; fi
+
+# --- the second axis, KV bytes read per token: window:8 over 39 fed positions reads min(t+1, 8) slots per lane at
+# position t: (1+...+8) + 31*8 = 284 slot reads per lane; 6 lanes; a slot is 2 vectors of head_dim 8: f32 64 bytes,
+# q8 2 * (8 + 2) = 20 bytes (one group of 8 int8 values and its f16 scale); full reads t+1: 780 slot reads ---
+"$RUN" "$M" -m ppl -f "$tmp/ids40.txt" -c 64 -kv window:8 -kv window:8,type=q8 -kv full -o "$tmp/read.jsonl" \
+    >/dev/null 2>&1 || fail "ppl -o for bytes read"
+if python3 - "$tmp/read.jsonl" <<'PY'
+import json, sys
+r = {x["kv"]: x for x in map(json.loads, open(sys.argv[1]))}
+want = {"window:8": 284 * 6 * 64 / 39, "window:8,type=q8": 284 * 6 * 20 / 39, "full": 780 * 6 * 64 / 39,
+        "shadow": 780 * 6 * 64 / 39}
+for k, v in want.items():
+    got = r[k]["kv_read_bytes_per_token"]
+    assert abs(got - v) <= 0.06, (k, got, v)   # the record prints one decimal
+    assert r[k]["kv_moved_bytes_per_token"] == 0, k
+PY
+then pass "KV bytes read per token: window:8 f32 2796.3, q8 873.8, full 7680.0 = the slot-read formula"
+else fail "KV bytes read per token differ from the formula: $(cat "$tmp/read.jsonl" | head -c 300)"; fi

@@ -1,7 +1,7 @@
 /* eval.c: the evaluation modes of ./run: perplexity through the evicting cache (-m ppl), with every -kv policy run on
  * the same token stream next to an automatic f32 never-evicting shadow (KL, top-1 agreement, Δp, ΔNLL, attention-mass
  * recall), and the llama.cpp-compatible chunked perplexity. Results: a table on stderr, JSON lines with -o, per-token
- * lines with -tokenlog. DESIGN.md's "Semantics" and "Evaluation" sections define every number printed here.
+ * lines with -tokenlog. docs/DESIGN.md's "Semantics" and "Evaluation" sections define every number printed here.
  * It deliberately adds no model code: every token goes through run.c's forward(), exactly as in generation.
  *
  * Dimensions: n_layers, n_heads, n_kv_heads, vocab_size, ctx (-c: the shadow's length). Indices: t position in the
@@ -413,7 +413,7 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
             /* how many of this chunk's tokens each run takes: the shadow and non-evicting caches stop at -c */
             for (int k = 0; k < n_runs; k++) {
                 PolicyRun *r = &runs[k];
-                int cap = r->is_shadow || !r->cache.policy.ops->evicts ? ctx : INT_MAX;
+                int cap = r->is_shadow ? ctx : kv_capacity(&r->cache);   /* full and snapkv stop when full */
                 nt_run[k] = !r->alive ? 0 : (cap - t0 < nt ? (int)(cap - t0 > 0 ? cap - t0 : 0) : nt);
                 if (nt_run[k] == 0) { r->alive = 0; continue; }
                 double a = now_s();
@@ -682,7 +682,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Token ids for a bench prompt of n tokens: the text of -f (or DESIGN.md's passkey filler) tokenized, repeated. */
+/* Token ids for a bench prompt of n tokens: the text of -f (or the passkey filler) tokenized, repeated. */
 static int *bench_tokens(const Model *m, const Options *o, int n, Sha256 *text_sha) {
     static const char filler[] = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
     int *out = malloc((size_t)n * sizeof(int));

@@ -12,6 +12,7 @@
 #include "exp_neg.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #if defined(__AVX__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -1365,6 +1366,8 @@ void kv_attend_policy(KVCache *c, int l, int t) {
         }
     }
 }
+
+int kv_capacity(const KVCache *c) { return c->policy.ops->evicts ? INT_MAX : c->budget; }
 
 void kv_describe(const KVCache *c, char *buf, size_t len) {
     char pol[160] = "";

@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* ----------------------------------------------------------------------------------------------------------------
- * One decode step, for the token at position t and layer l (DESIGN.md, Semantics; the order is normative):
+ * One decode step, for the token at position t and layer l (docs/DESIGN.md, Semantics; the order is normative):
  *   1. for each lane: if it holds `budget` live slots, ask the policy for victims (chosen from its state after step
  *      t-1) and free them;
  *   2. store k_t, v_t in a free slot (pos=orig: k rotated with position t; pos=cache: k stored before RoPE);
@@ -50,7 +50,7 @@
  * pos=cache and after it under pos=orig, so there the two differ by that rounding).
  *
  * Aggregation (agg=): the ranking policies (h2o, tova, snapkv) score with the group's mean or max probability;
- * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (DESIGN.md), so agg= does not change them.
+ * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (docs/DESIGN.md), so agg= does not change them.
  *
  * Memory (kv_bytes): vectors (scales and minimums included), positions (int32), the live and free index lists (int
  * each) and policy metadata, per slot; allocated = every slot of every lane, live = the slots in use. Attention
@@ -187,7 +187,7 @@ const KVPolicyOps *kv_policy_at(int i);
 /* Names of all policies, comma-separated, for error messages. */
 const char *kv_policy_names(void);
 
-/* Memory accounting in bytes (DESIGN.md, Accounting). allocated: what the lanes hold room for; live: what is in use.
+/* Memory accounting in bytes (docs/DESIGN.md, Accounting). allocated: what the lanes hold room for; live: what is in use.
  * The vector part of one slot is k_bytes + v_bytes in the typed region and 2 * head_dim * 4 in the f32 region. */
 typedef struct {
     size_t vec_alloc, vec_live;     /* key and value vectors, scales and minimums included */
@@ -315,6 +315,10 @@ KVBytes kv_lane_bytes(const KVCache *c, int l, int g);
 size_t kv_alloc_bytes_for(const KVShape *shape, const KVSpec *spec, const KVPolicyOps *ops, int budget);
 /* One line: policy, resolved budget and parameters, types, residual, pos, agg (for the start-up line and -v). */
 void kv_describe(const KVCache *c, char *buf, size_t len);
+/* The capacity rule, the one place it is decided: how many tokens a stream can feed this cache. An evicting policy
+ * takes any number (INT_MAX); a non-evicting one (full, snapkv after its compression) stops when its lanes are full,
+ * at its slots per lane (c->budget: -c for full and snapkv, or full:N's N). */
+int kv_capacity(const KVCache *c);
 /* 1 when the cache's policy is layer-local (batched evaluation is exact), 0 when it declares cross_layer. */
 static inline int kv_layer_local(const KVCache *c) { return !c->policy.ops->cross_layer; }
 

@@ -9,7 +9,7 @@
  * protects (the current token counted) by at least one slot it chooses itself, never return a protected slot, break
  * ties by the oldest position, and add it to `registry` at the end. Nothing outside this file changes.
  *
- * Rules every policy here follows (DESIGN.md, Semantics): `victims` is asked at step 1 of the token at pos_now,
+ * Rules every policy here follows (docs/DESIGN.md, Semantics): `victims` is asked at step 1 of the token at pos_now,
  * before it is stored, from the state after step pos_now-1; `recent=R` protects positions pos_now-R+1..pos_now (the
  * current token counted); a score-based policy keeps one token set per kv head (lane), from the attention of the
  * query heads of its GQA group aggregated by agg= (mean or max); thresholds compare the group mean whatever agg= is;
@@ -213,12 +213,12 @@ static const KVPolicyOps policy_h2o = {
 /* ---------------------------------------------------------------------------------------------------------------
  * tova:N,per=lane|layer: Token Omission Via Attention (Oren et al. 2024, "Transformers are Multi-State RNNs",
  * arXiv:2401.06104, §3, the section introducing TOVA): drop the token with the lowest attention at the last step. In
- * the paper the current query first attends over N+1 tokens and the lowest is dropped after; here, as DESIGN.md's step
- * order requires (the budget is what a query attends to), the victim is chosen when the lane is full from the PREVIOUS
- * step's attention, before the current token is stored. The paper keeps one set per layer, scoring with the attention
- * averaged over all heads of the layer: per=layer does that (the mean, or the max with agg=max, over every query head
- * of the layer, so every lane of a layer holds the same positions); per=lane (default) keeps one set per kv head from
- * its GQA group's attention. Only the current token is protected. Metadata: one f32, the last step's attention.
+ * the paper the current query first attends over N+1 tokens and the lowest is dropped after; here, as the step order
+ * of docs/DESIGN.md requires (the budget is what a query attends to), the victim is chosen when the lane is full from
+ * the PREVIOUS step's attention, before the current token is stored. The paper keeps one set per layer, scoring with
+ * the attention averaged over all heads of the layer: per=layer does that (the mean, or the max with agg=max, over
+ * every query head of the layer, so every lane of a layer holds the same positions); per=lane (default) keeps one set
+ * per kv head from its GQA group's attention. Only the current token is protected. Metadata: one f32, the last step's attention.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct { int per_layer; float *layer_score; /* (budget) sum or max over the lanes of the layer */ } TovaState;
@@ -284,7 +284,9 @@ static void tova_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_tova = {
     .example = "tova:16",
-    .name = "tova", .paper = "TOVA: Oren et al. 2024, Transformers are Multi-State RNNs, arXiv:2401.06104, section 3", .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
+    .name = "tova",
+    .paper = "TOVA: Oren et al. 2024, Transformers are Multi-State RNNs, arXiv:2401.06104, section 3",
+    .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
     .options = "per=lane|layer (default lane)", .reason = "lowest attention at the last step", .needs_budget = 1,
     .evicts = 1, .needs_attention = 1, .init = tova_init, .free = tova_free, .meta_bytes_per_slot = meta_4,
     .on_attend = tova_on_attend, .on_layer_done = tova_on_layer_done, .victims = tova_victims,
@@ -534,7 +536,7 @@ static const KVPolicyOps policy_random = {
 typedef struct {
     int obs, kernel, prefill;
     int prompt;   /* the prompt length this document compresses at: the first one seen, so a later prompt (a second
-                     chat turn) never compresses again (DESIGN.md: once) */
+                     chat turn) never compresses again (docs/DESIGN.md: once) */
 } SnapState;
 
 /* The prompt length to act on, or 0. */

@@ -333,7 +333,7 @@ static void session_init(Session *se, Model *m, const Options *o, uint64_t seed)
         fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
     if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) fatal("%s", err);
-    se->capacity = se->cache.policy.ops->evicts ? INT_MAX : se->cache.budget;
+    se->capacity = kv_capacity(&se->cache);
     if (state_init_chunk(&se->s, c, PREFILL_CHUNK) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
         fatal("out of memory");
     se->kvlog_file = (OutFile)OUTFILE_NONE;

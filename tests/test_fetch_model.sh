@@ -76,7 +76,7 @@ fetch() {
     for w in "${pats[@]}"; do printf '%s\n' "$out" | grep -qE -- "$w" || ok=0; done
     [ -n "$absent" ] && printf '%s\n' "$out" | grep -qE -- "$absent" && ok=0
     if [ $ok = 1 ] && [ "$want_rc" = 0 ]; then   # and what it leaves is good
-        [ "$(sha256sum "$G" | cut -d' ' -f1)" = "$KVLAB_GGUF_SHA256" ] && "$RUN" "$M" -m tokenize -i x -d cpu >/dev/null 2>&1 ||
+        [ "$(sha256sum "$G" | cut -d' ' -f1)" = "$KVLAB_GGUF_SHA256" ] && "$RUN" "$M" -m tokenize -i x >/dev/null 2>&1 ||
             ok=0
     fi
     if [ $ok = 1 ]; then pass "$name: $(printf '%s' "$out" | grep -E 'error|deleting|stale|older|ready' | head -2 | tr '\n' ' ')"

@@ -1,7 +1,7 @@
 /* test_policies.c: scripted token streams through kv_append + kv_attend_cpu for every policy, asserting the exact
  * surviving positions of every lane after every step. The expected sets come from a reference written here, keyed
  * by position (not slot), that reads the step's attention probabilities from c->scores (the probabilities are
- * kv.c's, the eviction logic is the test's own) and applies DESIGN.md's rules; hand-written expectations pin the
+ * kv.c's, the eviction logic is the test's own) and applies docs/DESIGN.md's rules; hand-written expectations pin the
  * documented examples (sink:6,sinks=2, window:4, H2O's recent window and changing heavy set, GQA, TOVA per=layer).
  * Dimensions: L layers, NH query heads, NKV kv heads, HD head_dim, T tokens. */
 #include "tests/test_kv_util.h"

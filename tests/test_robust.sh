@@ -135,3 +135,9 @@ for k, v in want.items():
 PY
 then pass "KV bytes read per token: window:8 f32 2796.3, q8 873.8, full 7680.0 = the slot-read formula"
 else fail "KV bytes read per token differ from the formula: $(cat "$tmp/read.jsonl" | head -c 300)"; fi
+
+# --- one capacity rule (kv_capacity): full:N in ppl stops at N tokens, as full stops at -c ---
+"$RUN" "$M" -m ppl -f "$tmp/ids40.txt" -c 64 -kv full:8 -o "$tmp/full8.jsonl" >/dev/null 2>"$tmp/err"; rc=$?
+n=$(python3 -c "import json,sys; print([json.loads(l)['all_tokens'] for l in open(sys.argv[1])][1])" "$tmp/full8.jsonl" 2>/dev/null)
+[ $rc -eq 0 ] && [ "$n" = 8 ] && pass "ppl -kv full:8 scores 8 tokens and stops, as full stops at -c" \
+    || fail "ppl -kv full:8: rc $rc, $n tokens, $(tail -c 200 "$tmp/err")"

@@ -95,7 +95,7 @@ fi
 [ -x "$EXPORT" ] || die "$EXPORT is not built (run make)"
 run_check() {   # prints ./run's complaint, if any; 0 = it loads the model (or there is no ./run to ask)
     [ -x "$RUN" ] || return 0
-    "$RUN" "$OUT" -m tokenize -i x -d cpu 2>&1 >/dev/null | head -1
+    "$RUN" "$OUT" -m tokenize -i x 2>&1 >/dev/null | head -1
     return "${PIPESTATUS[0]}"
 }
 redo=""

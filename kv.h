@@ -296,7 +296,8 @@ void kv_rope_cs(float *cs, const KVShape *shape, int pos);
 /* Bytes of one stored vector of head_dim elements in type ty (scales included). */
 size_t kv_vector_bytes(KVType ty, int head_dim);
 /* Encode x (head_dim, finite) into dst (kv_vector_bytes bytes) and decode it back; exposed for tests and kernels.
- * Groups of gcd(head_dim, 32); see kv.c for the layouts and their error bounds. */
+ * Groups of gcd(head_dim, 32); kv_codec.h (the codec they loop over, shared with attn.cu) has the layouts and their
+ * error bounds. */
 void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim);
 void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim);
 /* Accounting for the whole cache now, and for one lane (its peak_live is that lane's peak slots in bytes). */

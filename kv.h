@@ -316,13 +316,16 @@ static inline int kv_layer_local(const KVCache *c) { return !c->policy.ops->cros
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max);
 
 /* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator whose output is the same on every platform; any
- * seed, 0 included, gives a good stream. One copy for the sampler, the passkeys and export's random models. */
-static inline uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+ * seed, 0 included, gives a good stream. One copy for the sampler, the passkeys, export's random models and the tests.
+ * Each call adds the golden-ratio increment to the state and returns kv_mix64 of it; kv_mix64, its finalizer, is a
+ * bijection of 64-bit words in which every input bit flips each output bit with probability about 1/2. Called on a
+ * copy of a key (splitmix64(&key) with key by value) it is a counter-based hash: policies.c's `random` draws from it. */
+static inline uint64_t kv_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
+static inline uint64_t splitmix64(uint64_t *state) { return kv_mix64(*state += 0x9E3779B97F4A7C15ull); }
 
 /* ---- storage type conversions (IEEE 754 binary16, bfloat16), round to nearest even; shared by export.c and, compiled
  * for the device too (KV_HD), by attn.cu ---- */

@@ -1,11 +1,11 @@
 /* attn.cu: the CUDA attention path. A device mirror of a KVCache's lanes (vectors in their storage types, the f32
- * residual region, live lists), kernels that store tokens into the slots kv.c names (rotating and quantizing exactly
- * as kv_encode does), decode attention over each lane's live slots (GQA: a kv head's query heads share one pass; split
- * over the sequence and merged with an online softmax, as flash-decoding does), and the per-slot probabilities the
- * policies read. Every kernel has a CPU twin built from the same __host__ __device__ pieces (the "host mirror", which
- * tests/test_attn.cu checks against kv_attend_cpu on machines without a GPU); without nvcc this file is compiled as
- * plain C++ for that twin alone. It deliberately keeps policy decisions and positions on the host: the device needs
- * only each lane's live list, whose order is the rank order pos=cache rotates by.
+ * residual region, live lists), kernels that store tokens into the slots kv.c names (rotating as kv.c does, encoding
+ * with kv_encode's own codec, kv_codec.h), decode attention over each lane's live slots (GQA: a kv head's query
+ * heads share one pass; split over the sequence and merged with an online softmax, as flash-decoding does), and the
+ * per-slot probabilities the policies read. Every kernel has a CPU twin built from the same __host__ __device__
+ * pieces (the "host mirror", which tests/test_attn.cu checks against kv_attend_cpu on machines without a GPU); without
+ * nvcc this file is compiled as plain C++ for that twin alone. It deliberately keeps policy decisions and positions
+ * on the host: the device needs only each lane's live list, whose order is the rank order pos=cache rotates by.
  *
  * Dimensions: n_lanes (= n_layers * n_kv_heads), n_heads, n_kv_heads, group (= n_heads / n_kv_heads), head_dim,
  * budget (slots per lane), Q (typed slots per lane), R (f32 residual slots per lane), chunk (ranks per split).
@@ -19,6 +19,7 @@
 
 extern "C" {
 #include "kv.h"
+#include "kv_codec.h"
 }
 #include "attn.h"
 
@@ -30,137 +31,26 @@ extern "C" {
 #define HD
 #endif
 
-/* Products and sums rounded one at a time (no fused multiply-add), so RoPE and q4 decoding give kv.c's bits. The
- * host side is compiled with -ffp-contract=off for the same reason. */
-#ifdef __CUDA_ARCH__
-#define MUL(a, b) __fmul_rn(a, b)
-#define ADD(a, b) __fadd_rn(a, b)
-#define SUB(a, b) __fsub_rn(a, b)
-#else
-#define MUL(a, b) ((a) * (b))
-#define ADD(a, b) ((a) + (b))
-#define SUB(a, b) ((a) - (b))
-#endif
-
 #define ATTN_THREADS 128           /* threads per attention block */
 #define ATTN_CHUNK_MIN 64          /* ranks per split, at least */
 #define ATTN_SMEM_FLOATS 12288     /* 48 KiB of shared memory per block: no opt-in needed on any GPU */
 #define ATTN_EPT_MAX 16            /* elements of a vector one thread holds */
 #define ATTN_SENTINEL 64           /* bytes of 0xA5 after every output buffer, checked by the tests */
-#define F16_MAX_BITS 0x7bffu
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Storage encoding: kv.c's kv_encode, line for line, for one group of a vector (G = gcd(head_dim, 32) elements for q8
- * and q4; one element for f32, f16, bf16). tests/test_attn.cu checks it byte for byte against kv_encode.
+ * Storage encoding: kv_codec.h, the codec kv.c's kv_encode and kv_decode loop over, compiled here for the device and
+ * the twin. A vector's units (groups of G = gcd(head_dim, 32) elements for q8 and q4; single elements otherwise) are
+ * encoded by different threads; tests/test_attn.cu checks the twin's bytes against kv_encode.
  * ------------------------------------------------------------------------------------------------------------- */
 
-static HD int gcd_hd(int a, int b) { while (b) { int t = a % b; a = b; b = t; } return a; }
-static HD int quant_group(int head_dim) { return gcd_hd(head_dim, 32); }
-
-static HD uint16_t enc_f16_ceil(float x) {
-    uint16_t h = kv_f32_to_f16(x);
-    if (h >= 0x7c00u) return F16_MAX_BITS;
-    while (kv_f16_to_f32(h) < x && h < F16_MAX_BITS) h++;
-    return h;
-}
-static HD uint16_t enc_f16_floor(float x) {
-    uint16_t h = kv_f32_to_f16(x);
-    if ((h & 0x7fffu) >= 0x7c00u) return (uint16_t)(h & 0x8000u ? 0x8000u | F16_MAX_BITS : F16_MAX_BITS);
-    if (kv_f16_to_f32(h) > x) {
-        if ((h & 0x7fffu) == 0) h = 0x8001u;
-        else if (h & 0x8000u) h++;
-        else h--;
-    }
-    if ((h & 0x7fffu) > F16_MAX_BITS) h = 0x8000u | F16_MAX_BITS;
-    return h;
-}
-static HD uint16_t enc_f16_saturate(float x) {
-    uint16_t h = kv_f32_to_f16(x);
-    if ((h & 0x7fffu) > 0x7c00u) return 0;
-    if ((h & 0x7fffu) == 0x7c00u) return (uint16_t)((h & 0x8000u) | F16_MAX_BITS);
-    return h;
-}
-static HD uint16_t enc_bf16_saturate(float x) {
-    uint16_t h = kv_f32_to_bf16(x);
-    if ((h & 0x7fffu) > 0x7f80u) return 0;
-    if ((h & 0x7fffu) == 0x7f80u) return (uint16_t)((h & 0x8000u) | 0x7f7fu);
-    return h;
-}
-static HD void put16(uint8_t *p, uint16_t h) { p[0] = (uint8_t)(h & 0xff); p[1] = (uint8_t)(h >> 8); }
-static HD uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-
-/* Number of encoding units of a vector: groups for q8/q4, elements otherwise. */
-static HD int enc_units(int ty, int hd) { return ty == KV_Q8 || ty == KV_Q4 ? hd / quant_group(hd) : hd; }
-
-/* Encode unit u of x (head_dim) into the vector at dst (kv_vector_bytes(ty, hd) bytes). */
+/* The codec by head_dim (hd): encode unit u of x (hd) into the vector at dst (kv_vector_bytes(ty, hd) bytes), the
+ * number of units of a vector, and element e of a stored vector. */
 static HD void enc_unit(uint8_t *dst, int ty, const float *x, int hd, int u) {
-    int G = quant_group(hd);
-    switch (ty) {
-    case KV_F32: { float f = x[u]; memcpy(dst + 4 * u, &f, 4); break; }
-    case KV_F16: put16(dst + 2 * u, enc_f16_saturate(x[u])); break;
-    case KV_BF16: put16(dst + 2 * u, enc_bf16_saturate(x[u])); break;
-    case KV_Q8: {
-        const float *xg = x + u * G;
-        uint8_t *b = dst + u * (2 + G);
-        float amax = 0;
-        for (int j = 0; j < G; j++) amax = fmaxf(amax, fabsf(xg[j]));
-        uint16_t h = enc_f16_ceil(amax / 127.0f);
-        float d = kv_f16_to_f32(h);
-        while (d * 127.0f < amax && h < F16_MAX_BITS) d = kv_f16_to_f32(++h);
-        put16(b, h);
-        for (int j = 0; j < G; j++) {
-            float q = d > 0 ? roundf(xg[j] / d) : 0.0f;
-            q = fminf(127.0f, fmaxf(-127.0f, q));
-            b[2 + j] = (uint8_t)(int8_t)q;
-        }
-        break;
-    }
-    case KV_Q4: {
-        const float *xg = x + u * G;
-        uint8_t *b = dst + u * (4 + G / 2);
-        float mn = xg[0], mx = xg[0];
-        for (int j = 1; j < G; j++) { mn = fminf(mn, xg[j]); mx = fmaxf(mx, xg[j]); }
-        uint16_t mh = enc_f16_floor(mn);
-        float m = kv_f16_to_f32(mh);
-        double range = (double)mx - m;
-        uint16_t h = enc_f16_ceil(range > 0 ? (float)(range / 15.0) : 0.0f);
-        float d = kv_f16_to_f32(h);
-        while ((double)d * 15.0 < range && h < F16_MAX_BITS) d = kv_f16_to_f32(++h);
-        put16(b, h);
-        put16(b + 2, mh);
-        for (int j = 0; j < G / 2; j++) {
-            int q[2];
-            for (int half = 0; half < 2; half++) {
-                float v = d > 0 ? roundf((xg[j + half * G / 2] - m) / d) : 0.0f;
-                q[half] = (int)fminf(15.0f, fmaxf(0.0f, v));
-            }
-            b[4 + j] = (uint8_t)(q[0] | (q[1] << 4));
-        }
-        break;
-    }
-    default: break;
-    }
+    kv_encode_unit(dst, ty, x, kv_group(hd), u);
 }
-
-/* Element e of a stored vector, decoded as kv_decode does. */
+static HD int enc_units(int ty, int hd) { return kv_codec_units(ty, hd, kv_group(hd)); }
 static HD float load_elem(int ty, const uint8_t *vec, int e, int hd) {
-    switch (ty) {
-    case KV_F32: { float f; memcpy(&f, vec + 4 * e, 4); return f; }
-    case KV_F16: return kv_f16_to_f32(get16(vec + 2 * e));
-    case KV_BF16: return kv_bf16_to_f32(get16(vec + 2 * e));
-    case KV_Q8: {
-        int G = quant_group(hd);
-        const uint8_t *b = vec + (e / G) * (2 + G);
-        return kv_f16_to_f32(get16(b)) * (float)(int8_t)b[2 + e % G];
-    }
-    case KV_Q4: {
-        int G = quant_group(hd), j = e % G;
-        const uint8_t *b = vec + (e / G) * (4 + G / 2);
-        int byte = b[4 + j % (G / 2)], q = j < G / 2 ? byte & 15 : byte >> 4;
-        return ADD(MUL(kv_f16_to_f32(get16(b)), (float)q), kv_f16_to_f32(get16(b + 2)));
-    }
-    default: return 0;
-    }
+    return kv_decode_elem(ty, vec, e, kv_group(hd));
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -243,11 +133,12 @@ static HD const uint8_t *slot_vec(const uint8_t *base, const Geo *g, int lane, i
     return base + (size_t)g->n_lanes * g->Q * bytes + ((size_t)lane * g->R + (slot - g->Q)) * g->hd * 4;
 }
 
-/* RoPE on one pair, with kv.c's rope_apply arithmetic. */
+/* RoPE on one pair, with kv.c's rope_apply arithmetic, each product and sum rounded on its own (kv_codec.h's kv_mul_rn
+ * and friends: nvcc would otherwise fuse them into multiply-adds, and the host side is built with -ffp-contract=off). */
 static HD void rope_pair(float *x0, float *x1, float c, float s) {
     float a = *x0, b = *x1;
-    *x0 = SUB(MUL(a, c), MUL(b, s));
-    *x1 = ADD(MUL(a, s), MUL(b, c));
+    *x0 = kv_sub_rn(kv_mul_rn(a, c), kv_mul_rn(b, s));
+    *x1 = kv_add_rn(kv_mul_rn(a, s), kv_mul_rn(b, c));
 }
 /* The element indices of pair p (0 .. head_dim/2 - 1) under the model's pairing. */
 static HD void pair_index(int pairing, int hd, int p, int *i0, int *i1) {
@@ -483,7 +374,7 @@ static __device__ __forceinline__ void rope_slice(float *x, const Geo &g, const 
                 int p = (e0 + e) % (hd / 2);
                 float c = cs[2 * p], s = cs[2 * p + 1];
                 float a = lower ? x[e] : other, b = lower ? other : x[e];
-                x[e] = lower ? SUB(MUL(a, c), MUL(b, s)) : ADD(MUL(a, s), MUL(b, c));
+                x[e] = lower ? kv_sub_rn(kv_mul_rn(a, c), kv_mul_rn(b, s)) : kv_add_rn(kv_mul_rn(a, s), kv_mul_rn(b, c));
             }
     }
 }

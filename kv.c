@@ -9,6 +9,7 @@
  * Indices: l layer, h query head, g kv head, t position, s slot, i rank in a lane's live list.
  */
 #include "kv.h"
+#include "kv_codec.h"
 #include "exp_neg.h"
 
 #include <errno.h>
@@ -32,152 +33,54 @@ static int errorf(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Storage types. q8 and q4 quantize a vector in groups of G = gcd(head_dim, 32) elements, in the layouts of
- * llama.cpp's Q8_0 and Q4_1 (ggml-common.h, block_q8_0 and block_q4_1, there with G = 32):
- *   q8: an f16 scale d, then G int8 values q;                x = d·q
- *   q4: an f16 scale d, an f16 minimum m, then G/2 bytes;    x = d·q + m, q in 0..15; element j in the low nibble
- *       of byte j, element j + G/2 in the high nibble (Q4_1's order).
- * Unlike llama.cpp, which rounds d = max|x|/127 to nearest, we round the f16 scale UP (and Q4's minimum DOWN), so
- * every element maps inside the code range and none is clipped: the error of an element is then at most d/2 (plus
- * f32 rounding), with d ≤ max|x|/127 (q8) or (max - m)/15 (q4) rounded up to the next f16. An all-zero group has
- * d = 0 and decodes to exact zeros. Scales saturate at ±65504 (the largest f16), so a finite input never decodes to
- * inf or NaN; f16 and bf16 saturate the same way.
+ * Storage types: the codec (layouts, rounding, error bounds) is kv_codec.h, shared with attn.cu's kernels; here are
+ * the loops over a vector's units.
  * ------------------------------------------------------------------------------------------------------------- */
 
-static int gcd_int(int a, int b) { while (b) { int t = a % b; a = b; b = t; } return a; }
-static int kv_group(int head_dim) { return gcd_int(head_dim, 32); }
-
-#define F16_MAX_BITS 0x7bffu   /* 65504 */
-
 size_t kv_vector_bytes(KVType ty, int head_dim) {
-    int G = kv_group(head_dim), n_groups = head_dim / G;
-    switch (ty) {
-    case KV_F32: return (size_t)head_dim * 4;
-    case KV_F16: case KV_BF16: return (size_t)head_dim * 2;
-    case KV_Q8: return (size_t)n_groups * (2 + G);
-    case KV_Q4: return (size_t)n_groups * (4 + G / 2);
-    default: return 0;
-    }
+    int G = kv_group(head_dim);
+    return (size_t)kv_codec_units(ty, head_dim, G) * (size_t)kv_unit_bytes(ty, G);
 }
 
-/* The smallest f16 >= x (x >= 0), saturating at 65504. Positive f16 bit patterns are ordered like their values. */
-static uint16_t f16_ceil(float x) {
-    uint16_t h = kv_f32_to_f16(x);
-    if (h >= 0x7c00u) return F16_MAX_BITS;
-    while (kv_f16_to_f32(h) < x && h < F16_MAX_BITS) h++;
-    return h;
+/* The loops over units, called with a constant type for each type, so the compiler drops the codec's switch on the
+ * type and vectorizes each loop (one generic loop over units decodes f32 and bf16 several times slower). Decoding
+ * runs once per key and value per step: G = 32, the group of every head_dim divisible by 32, gets a loop of its own
+ * with the group size constant (a q4 key decodes about a quarter faster). */
+static inline void encode_units(uint8_t *dst, int ty, const float *x, int G, int n) {
+    for (int u = 0; u < n; u++) kv_encode_unit(dst, ty, x, G, u);
 }
-
-/* The largest f16 <= x, saturating at -65504. */
-static uint16_t f16_floor(float x) {
-    uint16_t h = kv_f32_to_f16(x);
-    if ((h & 0x7fffu) >= 0x7c00u) return (uint16_t)(h & 0x8000u ? 0x8000u | F16_MAX_BITS : F16_MAX_BITS);
-    if (kv_f16_to_f32(h) > x) {                   /* one step toward -inf */
-        if ((h & 0x7fffu) == 0) h = 0x8001u;      /* +0 or -0 -> the smallest negative subnormal */
-        else if (h & 0x8000u) h++;
-        else h--;
-    }
-    if ((h & 0x7fffu) > F16_MAX_BITS) h = 0x8000u | F16_MAX_BITS;
-    return h;
-}
-
-static uint16_t f16_saturate(float x) {
-    uint16_t h = kv_f32_to_f16(x);
-    if ((h & 0x7fffu) > 0x7c00u) return 0;                      /* NaN in: 0 out (inputs are finite by contract) */
-    if ((h & 0x7fffu) == 0x7c00u) return (uint16_t)((h & 0x8000u) | F16_MAX_BITS);
-    return h;
-}
-
-static uint16_t bf16_saturate(float x) {
-    uint16_t h = kv_f32_to_bf16(x);
-    if ((h & 0x7fffu) > 0x7f80u) return 0;
-    if ((h & 0x7fffu) == 0x7f80u) return (uint16_t)((h & 0x8000u) | 0x7f7fu);
-    return h;
+static inline void decode_units(float *x, int ty, const uint8_t *src, int G, int u, int n) {
+    if (G == 32) for (; u < n; u++) kv_decode_unit(x, ty, src, 32, u);
+    else for (; u < n; u++) kv_decode_unit(x, ty, src, G, u);
 }
 
 void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
-    int G = kv_group(head_dim);
-    uint16_t h;
+    int G = kv_group(head_dim), n = kv_codec_units(ty, head_dim, G);
     switch (ty) {
-    case KV_F32: memcpy(dst, x, (size_t)head_dim * 4); break;
-    case KV_F16: for (int i = 0; i < head_dim; i++) { h = f16_saturate(x[i]); memcpy(dst + 2 * i, &h, 2); } break;
-    case KV_BF16: for (int i = 0; i < head_dim; i++) { h = bf16_saturate(x[i]); memcpy(dst + 2 * i, &h, 2); } break;
-    case KV_Q8:
-        for (int g0 = 0; g0 < head_dim; g0 += G, dst += 2 + G) {
-            float amax = 0;
-            for (int j = 0; j < G; j++) amax = fmaxf(amax, fabsf(x[g0 + j]));
-            h = f16_ceil(amax / 127.0f);
-            float d = kv_f16_to_f32(h);
-            while (d * 127.0f < amax && h < F16_MAX_BITS) d = kv_f16_to_f32(++h);   /* d·127 is exact in f32 */
-            memcpy(dst, &h, 2);
-            for (int j = 0; j < G; j++) {
-                float q = d > 0 ? roundf(x[g0 + j] / d) : 0.0f;
-                q = fminf(127.0f, fmaxf(-127.0f, q));   /* only a saturated scale clips; NaN becomes -127 */
-                dst[2 + j] = (uint8_t)(int8_t)q;
-            }
-        }
-        break;
-    case KV_Q4:
-        for (int g0 = 0; g0 < head_dim; g0 += G, dst += 4 + G / 2) {
-            float mn = x[g0], mx = x[g0];
-            for (int j = 1; j < G; j++) { mn = fminf(mn, x[g0 + j]); mx = fmaxf(mx, x[g0 + j]); }
-            uint16_t mh = f16_floor(mn);
-            float m = kv_f16_to_f32(mh);
-            double range = (double)mx - m;             /* >= 0 unless the minimum saturated */
-            h = f16_ceil(range > 0 ? (float)(range / 15.0) : 0.0f);
-            float d = kv_f16_to_f32(h);
-            while ((double)d * 15.0 < range && h < F16_MAX_BITS) d = kv_f16_to_f32(++h);
-            memcpy(dst, &h, 2);
-            memcpy(dst + 2, &mh, 2);
-            for (int j = 0; j < G / 2; j++) {
-                int q[2];
-                for (int half = 0; half < 2; half++) {
-                    float v = d > 0 ? roundf((x[g0 + j + half * G / 2] - m) / d) : 0.0f;
-                    q[half] = (int)fminf(15.0f, fmaxf(0.0f, v));
-                }
-                dst[4 + j] = (uint8_t)(q[0] | (q[1] << 4));
-            }
-        }
-        break;
+    case KV_F32: encode_units(dst, KV_F32, x, G, n); break;
+    case KV_F16: encode_units(dst, KV_F16, x, G, n); break;
+    case KV_BF16: encode_units(dst, KV_BF16, x, G, n); break;
+    case KV_Q8: encode_units(dst, KV_Q8, x, G, n); break;
+    case KV_Q4: encode_units(dst, KV_Q4, x, G, n); break;
     default: break;
     }
 }
 
 void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
-    int G = kv_group(head_dim);
-    uint16_t h;
+    int G = kv_group(head_dim), n = kv_codec_units(ty, head_dim, G), u = 0;
     switch (ty) {
-    case KV_F32: memcpy(x, src, (size_t)head_dim * 4); break;
-    case KV_F16: {
-        int i = 0;
+    case KV_F32: decode_units(x, KV_F32, src, G, 0, n); break;
+    case KV_F16:
 #ifdef __F16C__
         /* vcvtph2ps: the same exact conversion as kv_f16_to_f32, 8 at a time (decode runs once per key per step) */
-        for (; i + 8 <= head_dim; i += 8)
-            _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+        for (; u + 8 <= head_dim; u += 8)
+            _mm256_storeu_ps(x + u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * u))));
 #endif
-        for (; i < head_dim; i++) { memcpy(&h, src + 2 * i, 2); x[i] = kv_f16_to_f32(h); }
+        decode_units(x, KV_F16, src, G, u, n);
         break;
-    }
-    case KV_BF16: for (int i = 0; i < head_dim; i++) { memcpy(&h, src + 2 * i, 2); x[i] = kv_bf16_to_f32(h); } break;
-    case KV_Q8:
-        for (int g0 = 0; g0 < head_dim; g0 += G, src += 2 + G) {
-            memcpy(&h, src, 2);
-            float d = kv_f16_to_f32(h);
-            for (int j = 0; j < G; j++) x[g0 + j] = d * (float)(int8_t)src[2 + j];
-        }
-        break;
-    case KV_Q4:
-        for (int g0 = 0; g0 < head_dim; g0 += G, src += 4 + G / 2) {
-            uint16_t mh;
-            memcpy(&h, src, 2);
-            memcpy(&mh, src + 2, 2);
-            float d = kv_f16_to_f32(h), m = kv_f16_to_f32(mh);
-            for (int j = 0; j < G / 2; j++) {
-                x[g0 + j] = d * (float)(src[4 + j] & 15) + m;
-                x[g0 + j + G / 2] = d * (float)(src[4 + j] >> 4) + m;
-            }
-        }
-        break;
+    case KV_BF16: decode_units(x, KV_BF16, src, G, 0, n); break;
+    case KV_Q8: decode_units(x, KV_Q8, src, G, 0, n); break;
+    case KV_Q4: decode_units(x, KV_Q4, src, G, 0, n); break;
     default: break;
     }
 }

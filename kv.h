@@ -304,7 +304,8 @@ void kv_rope_cs(float *cs, const KVShape *shape, int pos);
 /* Bytes of one stored vector of head_dim elements in type ty (scales included). */
 size_t kv_vector_bytes(KVType ty, int head_dim);
 /* Encode x (head_dim, finite) into dst (kv_vector_bytes bytes) and decode it back; exposed for tests and kernels.
- * Groups of gcd(head_dim, 32); see kv.c for the layouts and their error bounds. */
+ * Groups of gcd(head_dim, 32); kv_codec.h (the codec they loop over, shared with attn.cu) has the layouts and their
+ * error bounds. */
 void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim);
 void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim);
 /* Accounting for the whole cache now, and for one lane (its peak_live is that lane's peak slots in bytes). */
@@ -327,13 +328,16 @@ static inline int kv_layer_local(const KVCache *c) { return !c->policy.ops->cros
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max);
 
 /* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator whose output is the same on every platform; any
- * seed, 0 included, gives a good stream. One copy for the sampler, the passkeys and export's random models. */
-static inline uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+ * seed, 0 included, gives a good stream. One copy for the sampler, the passkeys, export's random models and the tests.
+ * Each call adds the golden-ratio increment to the state and returns kv_mix64 of it; kv_mix64, its finalizer, is a
+ * bijection of 64-bit words in which every input bit flips each output bit with probability about 1/2. Called on a
+ * copy of a key (splitmix64(&key) with key by value) it is a counter-based hash: policies.c's `random` draws from it. */
+static inline uint64_t kv_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
+static inline uint64_t splitmix64(uint64_t *state) { return kv_mix64(*state += 0x9E3779B97F4A7C15ull); }
 
 /* ---- storage type conversions (IEEE 754 binary16, bfloat16), round to nearest even; shared by export.c and, compiled
  * for the device too (KV_HD), by attn.cu ---- */

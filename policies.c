@@ -470,18 +470,15 @@ static const KVPolicyOps policy_lru = {
 /* ---------------------------------------------------------------------------------------------------------------
  * random:N,seed=K: the floor every policy must beat. The victim is drawn uniformly among the live tokens (only the
  * current token, not yet stored, is protected) by a counter-based generator: a pure function of (seed, layer,
- * kv_head, position of the token being added), SplitMix64's finalizer (Steele et al. 2014) chained over the key,
- * so results do not depend on batching, thread count or call order. No metadata.
+ * kv_head, position of the token being added), SplitMix64 (Steele et al. 2014; kv.h's splitmix64 on a copy) chained
+ * over the key, so results do not depend on batching, thread count or call order. No metadata.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct { uint64_t seed; } RandomState;
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+/* SplitMix64's output for state x: its increment, then its finalizer kv_mix64 (kv.h); x is a copy, so this is a pure
+ * function of x. */
+static uint64_t mix64(uint64_t x) { return splitmix64(&x); }
 
 static int random_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     RandomState *st = calloc(1, sizeof *st);

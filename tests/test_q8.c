@@ -27,13 +27,7 @@
 #define TMP "tests/tmp"
 
 static uint64_t rng_state = 42;
-static float urand(void) {   /* uniform [-1, 1) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)(z >> 40) * 0x1p-23f - 1.0f;
-}
+static float urand(void) { return (float)(splitmix64(&rng_state) >> 40) * 0x1p-23f - 1.0f; }   /* uniform [-1, 1) */
 
 /* The q8 scales use kv.h's f16 conversions; the AVX2 kernel converts with F16C's vcvtph2ps: they must agree. */
 static void test_f16(void) {

@@ -20,19 +20,12 @@
  * list (live slots in increasing position order), t position.
  */
 #include "kv.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-static int perr(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* An integer option from a value string; 0 = absent (out untouched), 1 = set, -1 = bad (message written). */
 static int parse_int_opt(const KVSpec *sp, const char *key, const char *v, long lo, long hi, long *out, char *err,
@@ -41,7 +34,7 @@ static int parse_int_opt(const KVSpec *sp, const char *key, const char *v, long 
     char *end;
     long x = strtol(v, &end, 10);
     if (end == v || *end || x < lo || x > hi)
-        return perr(err, errlen, "bad %s=%s in '%s': an integer in [%ld, %ld]", key, v, sp->text, lo, hi);
+        return errorf(err, errlen, "bad %s=%s in '%s': an integer in [%ld, %ld]", key, v, sp->text, lo, hi);
     *out = x;
     return 1;
 }
@@ -56,7 +49,7 @@ static int opt_int(KVSpec *sp, const char *key, long lo, long hi, long *out, cha
 static int check_budget(const KVSpec *sp, const char *name, int budget, int protected, const char *what,
                         const char *fix, char *err, size_t errlen) {
     if (budget > protected) return 0;
-    return perr(err, errlen, "'%s': %s protects %d tokens (the current one counted), which leaves %s no slot to "
+    return errorf(err, errlen, "'%s': %s protects %d tokens (the current one counted), which leaves %s no slot to "
                 "choose in a budget of %d: the budget must exceed them by at least one (a budget >= %d%s%s)",
                 sp->text, what, protected, name, budget, protected + 1, *fix ? ", or " : "", fix);
 }
@@ -128,7 +121,7 @@ typedef struct { int sinks; } SinkState;
 
 static int sink_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     SinkState *st = calloc(1, sizeof *st);
-    if (!st) return perr(err, errlen, "out of memory");
+    if (!st) return errorf(err, errlen, "out of memory");
     p->state = st;
     long s = 4;
     if (opt_int(sp, "sinks", 0, 1 << 24, &s, err, errlen) < 0) return -1;
@@ -172,7 +165,7 @@ typedef struct { int recent; } RecentState;
 
 static int h2o_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     RecentState *st = calloc(1, sizeof *st);
-    if (!st) return perr(err, errlen, "out of memory");
+    if (!st) return errorf(err, errlen, "out of memory");
     p->state = st;
     long r = budget / 2 > 1 ? budget / 2 : 1;
     if (opt_int(sp, "recent", 1, 1 << 24, &r, err, errlen) < 0) return -1;
@@ -225,14 +218,14 @@ typedef struct { int per_layer; float *layer_score; /* (budget) sum or max over 
 
 static int tova_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     TovaState *st = calloc(1, sizeof *st);
-    if (!st) return perr(err, errlen, "out of memory");
+    if (!st) return errorf(err, errlen, "out of memory");
     p->state = st;
     const char *per = kv_spec_get(sp, "per");
     if (per && strcmp(per, "lane") && strcmp(per, "layer"))
-        return perr(err, errlen, "unknown per=%s in '%s'; choices: lane, layer", per, sp->text);
+        return errorf(err, errlen, "unknown per=%s in '%s'; choices: lane, layer", per, sp->text);
     st->per_layer = per && !strcmp(per, "layer");
     if (st->per_layer && !(st->layer_score = calloc((size_t)budget, sizeof(float))))
-        return perr(err, errlen, "out of memory");
+        return errorf(err, errlen, "out of memory");
     return check_budget(sp, "tova", budget, 1, "tova", "", err, errlen);
 }
 
@@ -321,7 +314,7 @@ static int scissors_params(const KVSpec *sp, KVSpec *mark, int budget, ScissorsS
     snprintf(fix, sizeof fix, "recent <= %d", budget - 1);
     if (check_budget(sp, "scissorhands", budget, st->recent, what, budget >= 2 ? fix : "", err, errlen)) return -1;
     if (st->drop > budget - st->recent + 1)
-        return perr(err, errlen, "'%s': drop=%d frees more tokens than the %d a full lane has outside recent=%d "
+        return errorf(err, errlen, "'%s': drop=%d frees more tokens than the %d a full lane has outside recent=%d "
                     "(before the current token is stored): use drop <= %d", sp->text, st->drop,
                     budget - st->recent + 1, st->recent, budget - st->recent + 1);
     return 0;
@@ -337,7 +330,7 @@ static size_t scissors_meta_bytes(const KVSpec *sp, int budget) {
 
 static int scissors_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     ScissorsState *st = calloc(1, sizeof *st);
-    if (!st) return perr(err, errlen, "out of memory");
+    if (!st) return errorf(err, errlen, "out of memory");
     p->state = st;
     return scissors_params(sp, sp, budget, st, err, errlen);
 }
@@ -412,7 +405,7 @@ typedef struct { float thresh; } LruState;
 
 static int lru_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     LruState *st = calloc(1, sizeof *st);
-    if (!st) return perr(err, errlen, "out of memory");
+    if (!st) return errorf(err, errlen, "out of memory");
     p->state = st;
     st->thresh = 1.0f;
     const char *v = kv_spec_get(sp, "thresh");
@@ -420,7 +413,7 @@ static int lru_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, c
         char *end;
         double x = strtod(v, &end);
         if (end == v || *end || !(x > 0 && x <= 1e6))
-            return perr(err, errlen, "bad thresh=%s in '%s': a number in (0, 1e6], in units of 1/(live slots)", v,
+            return errorf(err, errlen, "bad thresh=%s in '%s': a number in (0, 1e6], in units of 1/(live slots)", v,
                         sp->text);
         st->thresh = (float)x;
     }
@@ -482,15 +475,15 @@ static uint64_t mix64(uint64_t x) { return splitmix64(&x); }
 
 static int random_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     RandomState *st = calloc(1, sizeof *st);
-    if (!st) return perr(err, errlen, "out of memory");
+    if (!st) return errorf(err, errlen, "out of memory");
     p->state = st;
     st->seed = 1;
     const char *v = kv_spec_get(sp, "seed");
     if (v) {
         char *end;
-        if (*v < '0' || *v > '9') return perr(err, errlen, "bad seed=%s in '%s': an integer >= 0", v, sp->text);
+        if (*v < '0' || *v > '9') return errorf(err, errlen, "bad seed=%s in '%s': an integer >= 0", v, sp->text);
         st->seed = strtoull(v, &end, 10);
-        if (*end) return perr(err, errlen, "bad seed=%s in '%s': an integer >= 0", v, sp->text);
+        if (*end) return errorf(err, errlen, "bad seed=%s in '%s': an integer >= 0", v, sp->text);
     }
     return check_budget(sp, "random", budget, 1, "random", "", err, errlen);
 }
@@ -546,13 +539,13 @@ typedef struct { float score; int pos, slot; } SnapCand;
 
 static int snap_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     SnapState *st = calloc(1, sizeof *st);
-    if (!st) return perr(err, errlen, "out of memory");
+    if (!st) return errorf(err, errlen, "out of memory");
     p->state = st;
     long w = 32, k = 7, pf = 0;
     if (opt_int(sp, "obs", 1, 1 << 20, &w, err, errlen) < 0) return -1;
     if (opt_int(sp, "kernel", 1, 1 << 10, &k, err, errlen) < 0) return -1;
     if (opt_int(sp, "prefill", 1, 1 << 30, &pf, err, errlen) < 0) return -1;
-    if (k % 2 == 0) return perr(err, errlen, "bad kernel=%ld in '%s': an odd pooling width (1, 3, 5, 7, ...)", k,
+    if (k % 2 == 0) return errorf(err, errlen, "bad kernel=%ld in '%s': an odd pooling width (1, 3, 5, 7, ...)", k,
                                 sp->text);
     st->obs = (int)w; st->kernel = (int)k; st->prefill = (int)pf;
     char what[48], fix[48];

@@ -36,7 +36,7 @@ CFLAGS  += $(CUDA_DEF)
 
 # The engine's objects, shared by ./run, ./export and the tests. run.c and export.c are also compiled with
 # KVLAB_NO_MAIN so tests can call their loaders and parsers.
-ENGINE  := kv policies tokenizer eval
+ENGINE  := kv attn_cpu policies tokenizer eval
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
 LIB_O   := $(ENGINE_O) $(BUILD)/run_lib.o $(BUILD)/export_lib.o $(CUDA_O)
 LDLIBS  += $(CUDA_LIBS)
@@ -71,11 +71,13 @@ $(BUILD)/attn_twin.o: attn.cu $(HDRS) | $(BUILD)
 
 $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
-# kv_dump twice: kv.c with this machine's vector instructions, and kv.c as portable C (tests/test_kv_portable.sh)
+# kv_dump twice: kv.c + attn_cpu.c with this machine's vector instructions, and as portable C
+# (tests/test_kv_portable.sh)
 $(TESTBIN)/kv_dump: tests/kv_dump.c $(LIB_O) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
-$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c policies.c $(HDRS) | $(TESTBIN)
-	$(CC) $(CFLAGS) -mno-avx -mno-avx2 -mno-fma -mno-f16c $(OMP) -I. -o $@ $< kv.c policies.c -lm
+PORTABLE := -mno-avx -mno-avx2 -mno-fma -mno-f16c
+$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c attn_cpu.c policies.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c attn_cpu.c policies.c -lm
 $(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h | $(TESTBIN)
 	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<
 	$(CC) $(CFLAGS) $(OMP) -o $@ $(BUILD)/test_attn.o $(sort $(LIB_O) $(TWIN_O)) $(LDLIBS) -lstdc++

@@ -227,11 +227,13 @@ struct KVCache {
     float *scores;           /* (n_heads, budget) probabilities of the last step, per query head */
     float *agg, *mean;       /* (n_kv_heads, budget) aggregated over a GQA group */
     float *kbuf;             /* (n_kv_heads, budget, head_dim) dequantized / rotated keys */
-    float *ktbuf;            /* (n_kv_heads, budget rounded up to 64, head_dim) keys in panels for the scores (kv.c) */
+    float *ktbuf;            /* (n_kv_heads, budget rounded up to 64, head_dim) keys in panels for the scores
+                                (attn_cpu.c) */
     float *vbuf;             /* (n_kv_heads, budget, head_dim) dequantized values */
     const float **vptr;      /* (n_kv_heads, budget) each live value's f32 row: in the cache or in vbuf */
     float *qbuf;             /* (n_heads, head_dim) rotated queries */
-    /* scratch of kv_attend_chunk, grown to the largest chunk seen (its large buffers are shared by all caches, kv.c) */
+    /* scratch of kv_attend_chunk, grown to the largest chunk seen (its large buffers are shared by all caches,
+       attn_cpu.c) */
     float *chunk_cs;         /* (chunk, head_dim/2, 2) cos, sin of positions chunk_cs_pos0.. (chunk_cs_n of them) */
     int chunk_cap, chunk_cs_pos0, chunk_cs_n;
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
@@ -267,19 +269,21 @@ void kv_set_prompt_len(KVCache *c, int n_tokens);
  * (`full` past its context). */
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
 /* Steps 3 and 4: out (n_heads * head_dim) = attention of q (n_heads * head_dim, before RoPE) at position t over the
- * live slots of layer l; then the policy is shown the aggregated probabilities. This is the CPU reference that the CUDA
- * kernels are checked against. The probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run
- * in parallel under OpenMP; each output is computed by one thread, so any thread count gives the same bits. */
+ * live slots of layer l; then the policy is shown the aggregated probabilities (attn_cpu.c). This is the CPU reference
+ * that the CUDA kernels are checked against. The probabilities of query head h stay in c->scores[h * budget + i]
+ * (rank i). Lanes run in parallel under OpenMP; each output is computed by one thread, so any thread count gives the
+ * same bits. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q);
 /* Called after step 4 of each token (eval's shadow and recall bookkeeping): c->scores holds that token's
  * probabilities for the lane's n_live ranks, as after kv_attend_cpu (what lies past n_live is undefined). */
 typedef void (*KVAttnHook)(void *ctx, int l, const KVCache *c, int pos);
 /* Steps 1-4 for n consecutive tokens of layer l at positions pos0..pos0+n-1, in order, with hook (may be NULL) after
  * each token's step 4: the same bits as kv_append + kv_attend_cpu + hook token by token, for any n and thread count.
- * q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads * head_dim), before RoPE. While no slot of the layer can be
- * freed (every lane has room, no prune, no residual region, CPU attention) step 3 runs for the whole chunk at once,
- * reading each key and value once per chunk instead of once per token. Not reentrant: its large scratch is shared by
- * every cache of the process (call it for one cache at a time). Returns 0, or -1 as kv_append. */
+ * The forward pass's CPU entry point (run.c, forward_layer). q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads *
+ * head_dim), before RoPE. While no slot of the layer can be freed (every lane has room, no prune, no residual region,
+ * CPU attention) step 3 runs for the whole chunk at once, reading each key and value once per chunk instead of once
+ * per token. Not reentrant: its large scratch is shared by every cache of the process (call it for one cache at a
+ * time). Returns 0, or -1 as kv_append. */
 int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
                     KVAttnHook hook, void *hook_ctx);
 /* Step 4 alone: show the policy the probabilities in c->scores (per query head, rank order, as kv_attend_cpu leaves

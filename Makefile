@@ -72,13 +72,16 @@ $(BUILD)/attn_twin.o: attn.cu $(HDRS) | $(BUILD)
 $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
 # kv_dump twice: kv.c + attn_cpu.c with this machine's vector instructions, and as portable C
-# (tests/test_kv_portable.sh)
+# (tests/test_kv_portable.sh); test_attn_ref likewise, as attn_ref_portable (tests/test_attn_ref_portable.sh)
 $(TESTBIN)/kv_dump: tests/kv_dump.c $(LIB_O) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
 PORTABLE := -mno-avx -mno-avx2 -mno-fma -mno-f16c
 $(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c attn_cpu.c policies.c $(HDRS) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c attn_cpu.c policies.c -lm
-$(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h | $(TESTBIN)
+$(TESTBIN)/attn_ref_portable: tests/test_attn_ref.c tests/attn_ref_check.h kv.c attn_cpu.c policies.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c attn_cpu.c policies.c -lm
+$(TESTBIN)/test_attn_ref: tests/attn_ref_check.h
+$(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h tests/attn_ref_check.h | $(TESTBIN)
 	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<
 	$(CC) $(CFLAGS) $(OMP) -o $@ $(BUILD)/test_attn.o $(sort $(LIB_O) $(TWIN_O)) $(LDLIBS) -lstdc++
 $(TESTBIN)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(LIB_O) | $(TESTBIN)
@@ -87,7 +90,8 @@ $(TESTBIN):
 	mkdir -p $@
 
 # the shell tests run $KVLAB_RUN and $KVLAB_EXPORT (./run and ./export by default)
-test: all $(TESTS) $(TESTBIN)/test_attn $(TESTBIN)/kv_dump $(TESTBIN)/kv_dump_portable $(REPLAYS)
+test: all $(TESTS) $(TESTBIN)/test_attn $(TESTBIN)/kv_dump $(TESTBIN)/kv_dump_portable $(TESTBIN)/attn_ref_portable \
+      $(REPLAYS)
 	KVLAB_RUN=$(OUT)/run KVLAB_EXPORT=$(OUT)/export tests/run.sh $(TESTBIN)
 
 # Sanitizer build: everything (./run, ./export, tests) in build/debug; any report (leaks included) aborts the

@@ -2,8 +2,9 @@
  * (kv_attend_cpu) or a chunk of one stream's consecutive tokens (kv_attend_chunk, prefill and batched evaluation):
  * key panels, score tiles, softmax and weighted-sum kernels, AVX/AVX2 with a portable C twin of the same order, split
  * over OpenMP threads in pieces whose arithmetic does not depend on the split. Every result is defined by an order of
- * operations, so it gives the same bits for any build, thread count or chunking (tests/test_kv_portable.sh).
- * It deliberately holds no storage logic: keys and values are read through kv_impl.h.
+ * operations, so it gives the same bits for any build, thread count or chunking (tests/test_kv_portable.sh), and is
+ * checked against kv_attend_ref, the definition, within a bound derived from f32 rounding (tests/test_attn_ref.c).
+ * It deliberately holds no storage logic: keys and values are read through kv_impl.h, as kv_attend_ref reads them.
  * Dimensions: n_heads, n_kv_heads, head_dim, budget (slots per lane). Indices: l layer, g kv head, h query head,
  * t position, i rank in a lane's live list, u token of a chunk. */
 #include "kv.h"

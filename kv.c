@@ -1,5 +1,6 @@
 /* kv.c: the KV cache (lanes of slots, storage types, the f32 residual, RoPE by position mode), its memory
- * accounting, the -kv spec parser, steps 1-2 (kv_append) and step 4 (kv_attend_policy) of kv.h's decode step.
+ * accounting, the -kv spec parser, steps 1-2 (kv_append), step 3's definition (kv_attend_ref, the reference every
+ * other attention path is checked against) and step 4 (kv_attend_policy).
  * It knows no policy: eviction decisions come through the KVPolicyOps table (kv.h, policies.c).
  * It deliberately holds no fast attention: attn_cpu.c has the CPU one (kv_attend_cpu, kv_attend_chunk), attn.cu the
  * CUDA one; and it does not batch several sequences: one stream per cache.
@@ -678,6 +679,43 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         if (ops->on_insert) ops->on_insert(&c->policy, lane, ln, slot, t);
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Step 3 by its definition (kv.h, kv_attend_ref): plain loops in the plainest order, no SIMD, no threads. The fast
+ * paths (attn_cpu.c, attn.cu) are tested against it within a bound derived from f32 rounding (tests/attn_ref_check.h).
+ * ------------------------------------------------------------------------------------------------------------- */
+
+void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd), qr[hd], kx[hd], vx[hd];
+    for (int h = 0; h < s->n_heads; h++) {
+        const KVLane *ln = &c->lanes[l * s->n_kv_heads + h / group];   /* the query head's GQA lane */
+        int n = ln->n_live;
+        float *p = c->scores + (size_t)h * c->budget, *o = out + (size_t)h * hd, mx = -INFINITY, sum = 0;
+        /* the query rotated by its position t (pos=orig) or by its lane's newest rank n-1 (pos=cache) */
+        memcpy(qr, q + (size_t)h * hd, (size_t)hd * sizeof(float));
+        kv_rope(qr, s, c->spec.pos == POS_CACHE ? n - 1 : t);
+        /* scores (q·k_i)/√head_dim over the live ranks, k_i decoded and rotated as kv_lane_key says; d in order */
+        for (int i = 0; i < n; i++) {
+            const float *k = kv_lane_key(c, ln, i, kx);
+            float dot = 0;
+            for (int d = 0; d < hd; d++) dot += qr[d] * k[d];
+            p[i] = dot * scale;
+            mx = p[i] > mx ? p[i] : mx;
+        }
+        /* softmax, max subtracted (every exponent <= 0, the largest term 1 so sum >= 1); sums in rank order */
+        for (int i = 0; i < n; i++) { p[i] = expf(p[i] - mx); sum += p[i]; }
+        for (int i = 0; i < n; i++) p[i] /= sum;
+        /* out = Σ_i p_i·v_i, i in rank order */
+        for (int d = 0; d < hd; d++) o[d] = 0;
+        for (int i = 0; i < n; i++) {
+            const float *v = kv_lane_value(c, ln, i, vx);
+            for (int d = 0; d < hd; d++) o[d] += p[i] * v[d];
+        }
+    }
+    kv_attend_policy(c, l, t);
 }
 
 void kv_attend_policy(KVCache *c, int l, int t) {

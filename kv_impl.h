@@ -1,8 +1,8 @@
-/* kv_impl.h: what kv.c (the cache) and attn_cpu.c (the fast CPU attention) share and nothing else includes: the f32
- * key and value of a live slot as attention sees them, RoPE on one vector, the per-step cos/sin table, and the size
- * of the key-panel scratch the cache allocates for attn_cpu.c.
- * It is not an interface: kv.h is. Keys and values are read here in one place so that every attention path reads a
- * stored token (type, region, position mode) the same way.
+/* kv_impl.h: what kv.c (the cache, kv_attend_ref) and attn_cpu.c (the fast CPU attention) share and nothing else
+ * includes: the f32 key and value of a live slot as attention sees them, RoPE on one vector, the per-step cos/sin
+ * table, and the size of the key-panel scratch the cache allocates for attn_cpu.c.
+ * It is not an interface: kv.h is. Keys and values are read here in one place so that the reference and the fast
+ * path cannot disagree on what a stored token means (type, region, position mode).
  * Dimensions: head_dim, budget (slots per lane). Indices: i rank in a lane's live list, s slot.
  */
 #ifndef KVLAB_KV_IMPL_H

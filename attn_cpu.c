@@ -335,9 +335,10 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
 
 /* How many of the next tokens of layer l can attend as one chunk: every lane has room for them (no step-1
  * eviction), the policy never frees slots at step 4 (no prune), there is no residual region (its tokens move into
- * the typed region, which changes their bits) and attention runs on the CPU. 0 when none can. */
+ * the typed region, which changes their bits) and attention runs on the CPU's fast backend (the reference goes token
+ * by token). 0 when none can. */
 static int chunk_room(const KVCache *c, int l) {
-    if (c->device || c->residual || c->policy.ops->prune) return 0;
+    if (c->device || c->residual || c->policy.ops->prune || c->backend == KV_BACKEND_REF) return 0;
     int room = c->budget;
     for (int g = 0; g < c->shape.n_kv_heads; g++) {
         int r = c->budget - c->lanes[l * c->shape.n_kv_heads + g].n_live;
@@ -636,7 +637,8 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
             continue;
         }
         if (kv_append(c, l, pos0 + t, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim)) return -1;
-        kv_attend_cpu(c, out + (size_t)t * q_dim, l, pos0 + t, q + (size_t)t * q_dim);
+        if (c->backend == KV_BACKEND_REF) kv_attend_ref(c, out + (size_t)t * q_dim, l, pos0 + t, q + (size_t)t * q_dim);
+        else kv_attend_cpu(c, out + (size_t)t * q_dim, l, pos0 + t, q + (size_t)t * q_dim);
         if (hook) hook(hook_ctx, l, c, pos0 + t);
         t++;
     }

@@ -681,6 +681,12 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     return 0;
 }
 
+int kv_set_backend(KVCache *c, KVBackend b) {
+    if (c->device || (b != KV_BACKEND_FAST && b != KV_BACKEND_REF)) return -1;
+    c->backend = b;
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
  * Step 3 by its definition (kv.h, kv_attend_ref): plain loops in the plainest order, no SIMD, no threads. The fast
  * paths (attn_cpu.c, attn.cu) are tested against it within a bound derived from f32 rounding (tests/attn_ref_check.h).

@@ -212,6 +212,10 @@ typedef enum { KV_SLOT_STORE, KV_SLOT_MOVE, KV_SLOT_FREE, KV_SLOT_RESET } KVSlot
 typedef void (*KVSlotFn)(void *ctx, KVSlotEvent ev, int lane, int slot, int from, int rank, int pos,
                          const float *k, const float *v);   /* STORE: position, k and v (head_dim each, k before RoPE) */
 
+/* Which CPU attention the forward pass's entry point (kv_attend_chunk) runs: FAST, kv_attend_cpu and the batched
+ * chunk path (attn_cpu.c); REF, kv_attend_ref token by token (-d ref: a whole job on the definition). */
+typedef enum { KV_BACKEND_FAST = 0, KV_BACKEND_REF } KVBackend;
+
 struct KVCache {
     KVShape shape;
     KVSpec spec;
@@ -247,6 +251,7 @@ struct KVCache {
     int n_evictions;         /* tokens evicted, all lanes, since init */
     KVSlotFn on_slot; void *slot_ctx;   /* the device mirror's observer, or NULL */
     void *device;            /* the device mirror (AttnDevice, attn.h) when attention runs on a GPU; NULL: the CPU */
+    KVBackend backend;       /* the CPU attention kv_attend_chunk runs (kv_set_backend); KV_BACKEND_FAST after init */
 };
 
 /* Create a cache for a model shape from a parsed spec (the policy's own keys are checked here). Budget: spec->budget
@@ -297,15 +302,21 @@ typedef void (*KVAttnHook)(void *ctx, int l, const KVCache *c, int pos);
  * each token's step 4: the same bits as kv_append + kv_attend_cpu + hook token by token, for any n and thread count.
  * The forward pass's CPU entry point (run.c, forward_layer). q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads *
  * head_dim), before RoPE. While no slot of the layer can be freed (every lane has room, no prune, no residual region,
- * CPU attention) step 3 runs for the whole chunk at once, reading each key and value once per chunk instead of once
- * per token. Not reentrant: its large scratch is shared by every cache of the process (call it for one cache at a
- * time). Returns 0, or -1 as kv_append. */
+ * CPU attention, the fast backend) step 3 runs for the whole chunk at once, reading each key and value once per chunk
+ * instead of once per token. With c->backend KV_BACKEND_REF it is kv_append + kv_attend_ref + hook token by token.
+ * Not reentrant: its large scratch is shared by every cache of the process (call it for one cache at a time).
+ * Returns 0, or -1 as kv_append. */
 int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
                     KVAttnHook hook, void *hook_ctx);
 /* Step 4 alone: show the policy the probabilities in c->scores (per query head, rank order, as kv_attend_cpu leaves
  * them), then on_layer_done and prune. kv_attend_ref and kv_attend_cpu end with it; a device path calls it after
  * copying its probabilities into c->scores, so the policy code is the same on every device. */
 void kv_attend_policy(KVCache *c, int l, int t);
+/* Choose the attention kv_attend_chunk runs for this cache from now on (a whole job: set it before the first token;
+ * kv_cache_reset keeps it). 0, or -1 (nothing changed) when b is not a KVBackend or a device mirror is attached
+ * (c->device: the forward pass then attends on the device and never reaches kv_attend_chunk; a mirror attached
+ * after REF was set takes it there too, so -d ref attaches none). */
+int kv_set_backend(KVCache *c, KVBackend b);
 
 /* RoPE in place on one head vector x (head_dim) at position pos (RoFormer, Su et al. 2021, eq. 34; pairing per
  * shape->rope_pairing; frequencies theta^(-2i/head_dim), divided by rope_factors[i] when present). */

@@ -5,7 +5,8 @@
  * type, mixed k/v types and the f32 residual, pos=orig and pos=cache, lanes with holes (random eviction). Two caches
  * take the same stream: one attends by kv_attend_ref, the other by the path under test. Built twice: with this
  * machine's vector instructions (tests/bin/test_attn_ref) and as portable C (attn_ref_portable, which
- * tests/test_attn_ref_portable.sh runs). Also: kv_attend_ref shows the policy its probabilities (step 4).
+ * tests/test_attn_ref_portable.sh runs). Also: the REF backend makes kv_attend_chunk kv_append + kv_attend_ref token
+ * by token, bit for bit, and kv_attend_ref shows the policy its probabilities (step 4).
  * Dimensions: n_layers, n_heads, n_kv_heads, head_dim (hd), budget (n). */
 #include "tests/test_kv_util.h"
 #include "tests/attn_ref_check.h"
@@ -144,6 +145,82 @@ static void test_against_ref(int chunked) {
         }
 }
 
+/* ---- the REF backend: kv_attend_chunk becomes kv_append + kv_attend_ref + hook, token by token ---- */
+/* dst (n_heads, budget) = c->scores after layer l's step 4: each head's n_live probabilities, zeros after them (what
+ * lies past n_live is undefined) */
+static void copy_probs(float *dst, const KVCache *c, int l) {
+    int G = c->shape.n_heads / c->shape.n_kv_heads;
+    memset(dst, 0, (size_t)c->shape.n_heads * c->budget * sizeof(float));
+    for (int h = 0; h < c->shape.n_heads; h++)
+        memcpy(dst + (size_t)h * c->budget, c->scores + (size_t)h * c->budget,
+               (size_t)c->lanes[l * c->shape.n_kv_heads + h / G].n_live * sizeof(float));
+}
+static void keep_probs(void *ctx, int l, const KVCache *c, int pos) {
+    copy_probs((float *)ctx + ((size_t)pos * LAYERS + l) * c->shape.n_heads * c->budget, c, l);
+}
+
+static void test_backend_switch(void) {
+    enum { T = 150, NH = 6, HD = 64 };
+    const char *spec = "h2o:40,type=q8,residual=4,pos=cache";   /* evicts by attention: step 4 must see the same */
+    KVShape s = tshape(LAYERS, NH, NKV, HD, 64);
+    KVCache a, b;
+    if (tcache(&a, &s, spec)) return;
+    if (tcache(&b, &s, spec)) { kv_cache_free(&a); return; }
+    int set = kv_set_backend(&b, KV_BACKEND_REF), bad = kv_set_backend(&b, (KVBackend)7);
+    static float q[T][LAYERS][NH * HD], k[T][LAYERS][NKV * HD], v[T][LAYERS][NKV * HD];
+    static float oa[T][LAYERS][NH * HD], ob[LAYERS][T][NH * HD], pa[T][LAYERS][NH * 40], pb[T][LAYERS][NH * 40];
+    trng_seed(5);
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < LAYERS; l++) {
+            for (int j = 0; j < NKV * HD; j++) { k[t][l][j] = tnorm(); v[t][l][j] = tnorm(); }
+            for (int j = 0; j < NH * HD; j++) q[t][l][j] = tnorm();
+        }
+    int rc = 0;
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < LAYERS; l++) {
+            rc |= kv_append(&a, l, t, k[t][l], v[t][l]);
+            kv_attend_ref(&a, oa[t][l], l, t, q[t][l]);
+            copy_probs(pa[t][l], &a, l);
+        }
+    /* the same tokens through kv_attend_chunk on the REF backend, as the forward pass feeds a layer: per layer, in
+       chunks (every one of which the fast backend would batch while the lanes have room) */
+    for (int t0 = 0, ci = 0; t0 < T; ci++) {
+        int nc = CHUNKS[ci % 6] < T - t0 ? CHUNKS[ci % 6] : T - t0;
+        float qc[CHUNK_MAX * NH * HD], kc[CHUNK_MAX * NKV * HD], vc[CHUNK_MAX * NKV * HD];
+        for (int l = 0; l < LAYERS; l++) {
+            for (int u = 0; u < nc; u++) {
+                memcpy(qc + u * NH * HD, q[t0 + u][l], sizeof q[0][0]);
+                memcpy(kc + u * NKV * HD, k[t0 + u][l], sizeof k[0][0]);
+                memcpy(vc + u * NKV * HD, v[t0 + u][l], sizeof v[0][0]);
+            }
+            rc |= kv_attend_chunk(&b, ob[l][t0], l, t0, nc, qc, kc, vc, keep_probs, pb);
+        }
+        t0 += nc;
+    }
+    int same = 1;
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < LAYERS; l++) same &= !memcmp(oa[t][l], ob[l][t], sizeof oa[t][l]);
+    int pos_a[40], pos_b[40], kept = 1;
+    for (int l = 0; l < LAYERS; l++)
+        for (int g = 0; g < NKV; g++) {
+            int na = kv_lane_positions(&a, l, g, pos_a, 40), nb = kv_lane_positions(&b, l, g, pos_b, 40);
+            kept &= na == nb && !memcmp(pos_a, pos_b, (size_t)na * sizeof(int));
+        }
+    CHECK(set == 0 && bad == -1 && b.backend == KV_BACKEND_REF && rc == 0 && same && !memcmp(pa, pb, sizeof pa) && kept
+          && a.n_evictions > 0 && a.n_evictions == b.n_evictions,
+          "kv_set_backend(REF): kv_attend_chunk in chunks of 5..64 gives kv_append + kv_attend_ref's outputs and "
+          "probabilities bit for bit over %d tokens of '%s' (%d evictions, the same tokens kept); an unknown backend "
+          "is refused", T, spec, b.n_evictions);
+    kv_cache_reset(&b);
+    b.device = &b;   /* a device mirror attached (never used: kv_set_backend only looks) */
+    int dev = kv_set_backend(&b, KV_BACKEND_FAST);
+    b.device = NULL;
+    CHECK(dev == -1 && b.backend == KV_BACKEND_REF, "kv_set_backend refuses a cache with a device mirror and keeps its "
+          "backend; kv_cache_reset keeps the backend");
+    kv_cache_free(&a);
+    kv_cache_free(&b);
+}
+
 /* ---- step 4: kv_attend_ref shows the policy the group mean of its probabilities, in rank order ---- */
 static float seen[NKV][64];
 static int seen_n[NKV];
@@ -186,6 +263,7 @@ static void test_policy_step(void) {
 }
 
 int main(void) {
+    test_backend_switch();
     test_policy_step();
     test_against_ref(0);
     test_against_ref(1);

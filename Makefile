@@ -37,7 +37,7 @@ CFLAGS  += $(CUDA_DEF)
 
 # The engine's objects, shared by ./run and the tests; main lives in main.c (./run) and export_main.c (./export), so
 # tests link everything else. tools/deps.sh prints which object uses which.
-ENGINE  := util model matmul run kv policies tokenizer eval cli export
+ENGINE  := util model matmul run kv attn_cpu policies tokenizer eval cli export
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
 LIB_O   := $(ENGINE_O) $(CUDA_O)
 LDLIBS  += $(CUDA_LIBS)
@@ -70,12 +70,17 @@ $(BUILD)/attn_twin.o: attn.cu $(HDRS) | $(BUILD)
 
 $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
-# kv_dump twice: kv.c with this machine's vector instructions, and kv.c as portable C (tests/test_kv_portable.sh)
+# kv_dump twice: kv.c + attn_cpu.c with this machine's vector instructions, and as portable C
+# (tests/test_kv_portable.sh); test_attn_ref likewise, as attn_ref_portable (tests/test_attn_ref_portable.sh)
 $(TESTBIN)/kv_dump: tests/kv_dump.c $(LIB_O) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
-$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c policies.c util.c $(HDRS) | $(TESTBIN)
-	$(CC) $(CFLAGS) -mno-avx -mno-avx2 -mno-fma -mno-f16c $(OMP) -I. -o $@ $< kv.c policies.c util.c -lm
-$(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h | $(TESTBIN)
+PORTABLE := -mno-avx -mno-avx2 -mno-fma -mno-f16c
+$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c attn_cpu.c policies.c util.c -lm
+$(TESTBIN)/attn_ref_portable: tests/test_attn_ref.c tests/attn_ref_check.h kv.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c attn_cpu.c policies.c util.c -lm
+$(TESTBIN)/test_attn_ref: tests/attn_ref_check.h
+$(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h tests/attn_ref_check.h | $(TESTBIN)
 	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<
 	$(CC) $(CFLAGS) $(OMP) -o $@ $(BUILD)/test_attn.o $(sort $(LIB_O) $(TWIN_O)) $(LDLIBS) -lstdc++
 $(TESTBIN)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(LIB_O) | $(TESTBIN)
@@ -84,7 +89,8 @@ $(TESTBIN):
 	mkdir -p $@
 
 # the shell tests run $KVLAB_RUN and $KVLAB_EXPORT (./run and ./export by default)
-test: all $(TESTS) $(TESTBIN)/test_attn $(TESTBIN)/kv_dump $(TESTBIN)/kv_dump_portable $(REPLAYS)
+test: all $(TESTS) $(TESTBIN)/test_attn $(TESTBIN)/kv_dump $(TESTBIN)/kv_dump_portable $(TESTBIN)/attn_ref_portable \
+      $(REPLAYS)
 	KVLAB_RUN=$(OUT)/run KVLAB_EXPORT=$(OUT)/export tests/run.sh $(TESTBIN)
 
 # Sanitizer build: everything (./run, ./export, tests) in build/debug; any report (leaks included) aborts the

@@ -42,7 +42,8 @@ static const FlagDef FLAGS[] = {
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},
     {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY, "cache events (evictions) of every policy, JSON lines"},
-    {"-d", "DEV", M_CACHE, "cpu or cuda, default cuda when usable (attention only, generate and chat)"},
+    {"-d", "DEV", M_CACHE, "ref (attention by its definition, plain loops: slow, for checking), cpu, or cuda (generate "
+                           "and chat); default cuda when usable, else cpu"},
     {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH, "results, JSON lines, appended"},
     {"-chunk", "N", M_PPL | M_PASSKEY, "tokens per batched step, default 1 (ppl), 32 (passkey); same results"},
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
@@ -174,7 +175,8 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
         o->kvt = (KVType)ty;
     } else if (!strcmp(a, "-kvlog")) { o->kvlog = v;
     } else if (!strcmp(a, "-d")) {
-        if (strcmp(v, "cpu") && strcmp(v, "cuda")) return errorf(err, errlen, "unknown device '-d %s'; devices: cpu, cuda", v);
+        if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "ref"))
+            return errorf(err, errlen, "unknown device '-d %s'; devices: ref, cpu, cuda", v);
         o->device = v;
     } else if (!strcmp(a, "-o")) { o->out = v;
     } else if (!strcmp(a, "-chunk")) {
@@ -344,9 +346,10 @@ int cli_main(int argc, char **argv) {
     }
     /* the device: -d cpu, -d cuda, or (default) cuda when this build has it and a GPU is usable */
     char dev_name[256], why[256];
-    int cuda = strcmp(o.device, "cpu") && attn_cuda_usable(dev_name, sizeof dev_name, why, sizeof why);
+    int want = !strcmp(o.device, "cuda") || !strcmp(o.device, "auto");
+    int cuda = want && attn_cuda_usable(dev_name, sizeof dev_name, why, sizeof why);
     if (!cuda && !strcmp(o.device, "cuda")) fatal("-d cuda: %s; use -d cpu", why);
-    if (!cuda && ATTN_CUDA_BUILT && strcmp(o.device, "cpu")) run_note("%s: attention runs on the CPU", why);
+    if (!cuda && ATTN_CUDA_BUILT && want) run_note("%s: attention runs on the CPU", why);
     if (cuda && strcmp(o.mode, "generate") && strcmp(o.mode, "chat"))
         run_note("-m %s runs attention on the CPU (the CUDA path serves generate and chat)", o.mode);
     if (o.ctx > m.config.seq_len) run_note("-c %d is past the trained context of %d tokens", o.ctx, m.config.seq_len);

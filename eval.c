@@ -307,8 +307,10 @@ static double kl_div(const float *a, double lse_a, const float *b, double lse_b,
     return kl > 0 ? kl : 0;   /* rounding can leave -1e-17 for identical distributions */
 }
 
-static void policy_run_init(PolicyRun *r, const Model *m, const char *spec_text, KVType kvt, int ctx, int shadow,
-                            int chunk, const char *mode) {
+static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, const char *spec_text, int ctx, int shadow,
+                            int chunk) {
+    KVType kvt = o->kvt;
+    const char *mode = o->mode;
     memset(r, 0, sizeof *r);
     char err[512];
     KVSpec spec;
@@ -318,6 +320,7 @@ static void policy_run_init(PolicyRun *r, const Model *m, const char *spec_text,
     KVShape shape = model_kv_shape(m, ctx);
     if (kv_cache_init(&r->cache, &shape, &spec, err, sizeof err)) fatal("%s", err);
     if (state_init_chunk(&r->s, &m->config, chunk)) fatal("out of memory");
+    if (!strcmp(o->device, "ref")) kv_set_backend(&r->cache, KV_BACKEND_REF);   /* -d ref: the whole job by definition */
     r->recall = calloc((size_t)m->config.n_layers, sizeof(double));
     if (!r->recall) fatal("out of memory");
     r->is_shadow = shadow;
@@ -563,9 +566,9 @@ int run_ppl(Model *m, const Options *o) {
     int n_pol = o->n_kv ? o->n_kv : 1, n_runs = n_pol + !chunked;
     PolicyRun *runs = calloc((size_t)n_runs, sizeof *runs);
     if (!runs) fatal("out of memory");
-    if (!chunked) policy_run_init(&runs[0], m, "full", KV_F32, ctx, 1, chunk, "ppl");
+    if (!chunked) policy_run_init(&runs[0], m, o, "full", ctx, 1, chunk);
     for (int k = 0; k < n_pol; k++) {
-        policy_run_init(&runs[k + !chunked], m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "ppl");
+        policy_run_init(&runs[k + !chunked], m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk);
     }
     /* the runs go layer by layer in lockstep: one policy that is not layer-local makes the stream token by token
        (the chunk-sized buffers stay; only their first row is used) */
@@ -736,7 +739,7 @@ int run_bench(Model *m, const Options *o) {
     double *ms = malloc((size_t)steps * sizeof(double));
     for (int k = 0; k < n_pol && !run_signal; k++) {
         PolicyRun r;
-        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx_max, 0, PREFILL_CHUNK, "bench");
+        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx_max, 0, PREFILL_CHUNK);
         /* warm-up: page the weights in, wake the threads */
         for (int t = 0; t < 8; t++) forward(m, &r.s, &r.cache, tok[t], t);
         for (int li = 0; li < n_lens && !run_signal; li++) {
@@ -971,7 +974,7 @@ int run_passkey(Model *m, const Options *o) {
     for (int k = 0; k < n_pol && !stopped; k++) {
         rng = seed;   /* every policy is asked the same keys at the same depths */
         PolicyRun r;
-        policy_run_init(&r, m, o->n_kv ? o->kv[k] : "full", o->kvt, ctx, 0, chunk, "passkey");
+        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk);
         if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
         fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");
         for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.2f", depths[di]);

@@ -1,21 +1,21 @@
 /* kv.c: the KV cache (lanes of slots, storage types, the f32 residual, RoPE by position mode), its memory
- * accounting, the -kv spec parser, and kv_attend_cpu, the reference attention every other path is checked against.
+ * accounting, the -kv spec parser, steps 1-2 (kv_append), step 3's definition (kv_attend_ref, the reference every
+ * other attention path is checked against) and step 4 (kv_attend_policy).
  * It knows no policy: eviction decisions come through the KVPolicyOps table (kv.h, policies.c).
- * It deliberately does not batch several sequences: one stream per cache. Query tokens go one at a time
- * (kv_attend_cpu), or a chunk of one stream's consecutive tokens at a time when that gives the same bits
- * (kv_attend_chunk, for prefill and batched evaluation).
+ * It deliberately holds no fast attention: attn_cpu.c has the CPU one (kv_attend_cpu, kv_attend_chunk), attn.cu the
+ * CUDA one; and it does not batch several sequences: one stream per cache.
  *
  * Dimensions: n_layers, n_heads, n_kv_heads, head_dim, budget (slots per lane), R (residual slots per lane).
  * Indices: l layer, h query head, g kv head, t position, s slot, i rank in a lane's live list.
  */
 #include "kv.h"
 #include "kv_codec.h"
-#include "exp_neg.h"
+#include "kv_impl.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#if defined(__AVX__) || defined(__AVX2__) || defined(__F16C__)
+#ifdef __F16C__
 #include <immintrin.h>
 #endif
 #include <stdarg.h>
@@ -92,7 +92,7 @@ int kv_type_parse(const char *s) {
 
 /* ---------------------------------------------------------------------------------------------------------------
  * RoPE. The angles are computed in double so a large position keeps its precision; kv_rope and the rank table of
- * pos=cache share rope_cs and rope_apply, so rotating by rank t gives the same bits as rotating by position t.
+ * pos=cache share rope_cs and kv_rope_apply, so rotating by rank t gives the same bits as rotating by position t.
  * ------------------------------------------------------------------------------------------------------------- */
 
 /* cs (head_dim/2, 2): cos and sin of pos · freq_i. */
@@ -111,7 +111,7 @@ static void rope_cs(float *cs, const KVShape *s, int pos) {
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-tree-vectorize")))
 #endif
-static void rope_apply(float *x, const KVShape *s, const float *cs) {
+void kv_rope_apply(float *x, const KVShape *s, const float *cs) {
     int half = s->head_dim / 2;
     for (int i = 0; i < half; i++) {
         float c = cs[2 * i], sn = cs[2 * i + 1];
@@ -127,7 +127,7 @@ void kv_rope_cs(float *cs, const KVShape *s, int pos) { rope_cs(cs, s, pos); }
 void kv_rope(float *x, const KVShape *s, int pos) {
     float cs[s->head_dim];
     rope_cs(cs, s, pos);
-    rope_apply(x, s, cs);
+    kv_rope_apply(x, s, cs);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -336,11 +336,6 @@ static size_t token_bytes(const KVCache *c, int f32_region) {
            + slot_meta_bytes(c->meta_bytes);
 }
 
-/* Keys per work item of attention's score phase (kv_attend_cpu, kv_attend_chunk): small enough to balance the lanes
- * over the threads, large enough that an item's cost dwarfs handing it out. */
-#define KV_KEY_BLOCK 64
-/* slots per lane of a cache's key panels (ktbuf): its budget rounded up to whole blocks */
-static size_t key_panel_slots(int budget) { return (size_t)(budget + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK; }
 
 /* ---------------------------------------------------------------------------------------------------------------
  * The cache
@@ -424,7 +419,7 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->kbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
-    size_t kt_bytes = (size_t)shape->n_kv_heads * key_panel_slots(B) * hd * sizeof(float);
+    size_t kt_bytes = (size_t)shape->n_kv_heads * kv_key_panel_slots(B) * hd * sizeof(float);
     c->ktbuf = aligned_alloc(64, (kt_bytes + 63) / 64 * 64);   /* panels are read with aligned loads */
     c->vbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
     c->qbuf = calloc((size_t)shape->n_heads * hd, sizeof(float));
@@ -494,7 +489,7 @@ void kv_cache_free(KVCache *c) {
 
 /* cos, sin of position t (head_dim/2, 2), computed once per step for every layer, key and query; a position of the
  * chunk kv_attend_chunk last tabled comes from that table (a chunk's layers visit its positions in turn). */
-static const float *rope_at(KVCache *c, int t) {
+const float *kv_rope_at(KVCache *c, int t) {
     if (t >= c->chunk_cs_pos0 && t < c->chunk_cs_pos0 + c->chunk_cs_n)
         return c->chunk_cs + (size_t)(t - c->chunk_cs_pos0) * c->shape.head_dim;
     if (c->rope_t_pos != t) { rope_cs(c->rope_t, &c->shape, t); c->rope_t_pos = t; }
@@ -569,7 +564,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         /* step 2: store */
         int slot = lane_take_slot(c, ln, lane);
         memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
-        if (c->spec.pos == POS_ORIG) rope_apply(tmp, s, rope_at(c, t));
+        if (c->spec.pos == POS_ORIG) kv_rope_apply(tmp, s, kv_rope_at(c, t));
         if (slot < Q) {
             kv_encode(ln->k + (size_t)slot * c->k_bytes, c->spec.ktype, tmp, hd);
             kv_encode(ln->v + (size_t)slot * c->v_bytes, c->spec.vtype, v + (size_t)g * hd, hd);
@@ -590,651 +585,47 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     return 0;
 }
 
-/* The f32 key of the lane's i-th live slot, rotated as the position mode says: a pointer into the cache (f32 keys,
- * pos=orig), or x (head_dim) when it had to be decoded or rotated. */
-static const float *lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
-    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
-    const float *k = slot >= Q ? ln->kres + (size_t)(slot - Q) * hd
-                   : c->spec.ktype == KV_F32 ? (const float *)(const void *)(ln->k + (size_t)slot * c->k_bytes) : NULL;
-    if (c->spec.pos == POS_ORIG && k) return k;
-    if (k) memcpy(x, k, (size_t)hd * sizeof(float));
-    else kv_decode(x, c->spec.ktype, ln->k + (size_t)slot * c->k_bytes, hd);
-    if (c->spec.pos == POS_CACHE) rope_apply(x, &c->shape, c->rope_cs + (size_t)i * hd);
-    return x;
-}
-
-/* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
-static const float *lane_value(const KVCache *c, const KVLane *ln, int i, float *x) {
-    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
-    if (slot >= Q) return ln->vres + (size_t)(slot - Q) * hd;
-    if (c->spec.vtype == KV_F32) return (const float *)(const void *)(ln->v + (size_t)slot * c->v_bytes);
-    kv_decode(x, c->spec.vtype, ln->v + (size_t)slot * c->v_bytes, hd);
-    return x;
-}
-
-/* Attention scores. A score is q·k summed in increasing d, 0 + q_0·k_0 + q_1·k_1 + ..., each term a multiply then an
- * add (no fused multiply-add), then times 1/√head_dim: the naive loop's order, with or without AVX, so a score's bits
- * never depend on the build, the thread count or how the work is split. The vector code keeps that order without a
- * horizontal sum: a block of up to KV_KEY_BLOCK keys is first laid out dimension-major in panels of KT_PANEL keys
- * (keys_pack), so the sums of 8 keys advance side by side in one register, one dimension at a time
- * (scores_panel). */
-#define KT_PANEL 16       /* keys per panel: two registers of sums per query */
-
-/* kt = the nk keys kp[0..nk) in panels: panel p holds keys 16p..16p+15 as (head_dim, 16), kt[p·16·hd + d·16 + i] =
- * kp[16p + i][d]; a last short panel is filled up with copies of its first key (scored, never stored). nk ≤
- * KV_KEY_BLOCK; kt: round_up(nk, 16)·hd floats, 32-byte aligned. */
-static void keys_pack(float *kt, const float *const *kp, int nk, int hd) {
-    for (int p = 0; p < nk; p += KT_PANEL) {
-        float *dst = kt + (size_t)p * hd;
-        const float *k[KT_PANEL];
-        for (int i = 0; i < KT_PANEL; i++) k[i] = kp[p + (p + i < nk ? i : 0)];
-        int d = 0;
-#ifdef __AVX__
-        /* 8 keys x 8 dimensions at a time: an 8 x 8 transpose in registers */
-        for (; d + 8 <= hd; d += 8)
-            for (int h = 0; h < KT_PANEL; h += 8) {
-                __m256 r[8], t[8];
-                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k[h + i] + d);
-                for (int i = 0; i < 8; i += 2) {
-                    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);       /* k_i d0, k_i+1 d0, k_i d1, k_i+1 d1 | d4.. */
-                    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);   /* d2, d3 | d6, d7 */
-                }
-                for (int i = 0; i < 8; i += 4)
-                    for (int j = 0; j < 2; j++) {
-                        r[i + 2 * j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);       /* 4 keys at d0 | d4 */
-                        r[i + 2 * j + 1] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);   /* d1 | d5 */
-                    }
-                /* r[0..3]: keys 0-3 at d0, d1, d2, d3 (low) and d4..d7 (high); r[4..7]: keys 4-7 */
-                for (int i = 0; i < 4; i++) {
-                    float *lo = dst + (size_t)(d + i) * KT_PANEL + h, *hi = lo + 4 * KT_PANEL;   /* d + i, d + i + 4 */
-                    _mm256_storeu_ps(lo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-                    _mm256_storeu_ps(hi, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-                }
-            }
-#endif
-        for (; d < hd; d++)
-            for (int i = 0; i < KT_PANEL; i++) dst[(size_t)d * KT_PANEL + i] = k[i][d];
-    }
-}
-
-/* out[f][i] = scale·(q[f]·key i) for NQ ≤ 4 queries and the m ≤ 16 keys of one panel kt (keys_pack's layout). */
-static inline __attribute__((always_inline)) void scores_panel_n(float *const *out, const float *const *q,
-                                                                 const float *kt, int m, int hd, float scale,
-                                                                 int NQ) {
-    float s[4][KT_PANEL];
-#ifdef __AVX__
-    /* named sums, not an array: the compiler keeps them in registers */
-    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
-    for (int d = 0; d < hd; d++) {
-        __m256 k0 = _mm256_load_ps(kt + (size_t)d * KT_PANEL), k1 = _mm256_load_ps(kt + (size_t)d * KT_PANEL + 8), b;
-        __asm__("" : "+x"(k0), "+x"(k1));   /* kept in registers: else GCC reloads them as operands of every multiply */
-#define SCORE_QUERY(f, s0, s1)                                    \
-        if (NQ > f) {                                             \
-            b = _mm256_broadcast_ss(q[f] + d);                    \
-            s0 = _mm256_add_ps(s0, _mm256_mul_ps(b, k0));         \
-            s1 = _mm256_add_ps(s1, _mm256_mul_ps(b, k1));         \
-        }
-        SCORE_QUERY(0, a00, a01) SCORE_QUERY(1, a10, a11) SCORE_QUERY(2, a20, a21) SCORE_QUERY(3, a30, a31)
-#undef SCORE_QUERY
-    }
-    __m256 sc = _mm256_set1_ps(scale), a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-    for (int f = 0; f < NQ; f++) {
-        float *o = m == KT_PANEL ? out[f] : s[f];
-        _mm256_storeu_ps(o, _mm256_mul_ps(a[f][0], sc));
-        _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[f][1], sc));
-    }
-    if (m == KT_PANEL) return;
-#else
-    for (int f = 0; f < NQ; f++)
-        for (int i = 0; i < m; i++) {
-            float acc = 0;
-            for (int d = 0; d < hd; d++) acc += q[f][d] * kt[(size_t)d * KT_PANEL + i];
-            s[f][i] = acc * scale;
-        }
-#endif
-    for (int f = 0; f < NQ; f++) memcpy(out[f], s[f], (size_t)m * sizeof(float));
-}
-
-/* scores_panel_n with the number of queries a constant, so each case keeps its sums in registers */
-static void scores_panel(float *const *out, const float *const *q, int nq, const float *kt, int m, int hd,
-                         float scale) {
-    switch (nq) {
-    case 1: scores_panel_n(out, q, kt, m, hd, scale, 1); break;
-    case 2: scores_panel_n(out, q, kt, m, hd, scale, 2); break;
-    case 3: scores_panel_n(out, q, kt, m, hd, scale, 3); break;
-    default: scores_panel_n(out, q, kt, m, hd, scale, 4); break;
-    }
-}
-
-/* Where block i0.. of lane g (of the layer being attended) is packed: each lane has key_panel_slots(budget) */
-static float *key_panels(const KVCache *c, int g, int i0) {
-    return c->ktbuf + ((size_t)g * key_panel_slots(c->budget) + i0) * c->shape.head_dim;
-}
-
-/* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, the keys packed
- * into kt first (keys_pack). Four queries at a time sweep the block's panels, which stay in L1. */
-static void block_scores(float *const *out, const float *const *q, int nq, float *kt, const float *const *kp, int nk,
-                         int hd, float scale) {
-    keys_pack(kt, kp, nk, hd);
-    for (int f = 0; f < nq; f += 4) {
-        int nf = nq - f < 4 ? nq - f : 4;
-        for (int p = 0; p < nk; p += KT_PANEL) {
-            float *o[4];
-            for (int x = 0; x < nf; x++) o[x] = out[f + x] + p;
-            scores_panel(o, q + f, nf, kt + (size_t)p * hd, nk - p < KT_PANEL ? nk - p : KT_PANEL, hd, scale);
-        }
-    }
-}
-
-/* The attention output of a GQA group over columns [d0, d0 + w) of its lane, w ≤ 16: o_h[d] = Σ_i p_h[i]·v_i[d]
- * for the group's G query heads, for every (h, d) in the naive loop's order (0 + p_0 v_0[d] + p_1 v_1[d] + ..., a
- * multiply then an add). Each value row's 16 columns (one cache line) are read once for the whole group; with AVX
- * the group's sums stay in registers (G ≤ 4). */
-#define WSUM_COLS 16
-#define WSUM_AHEAD 16   /* value rows prefetched ahead: the rows are scattered, one line of each is read */
-static inline __attribute__((always_inline)) void wsum_body(float *const *o, const float *const *p,
-                                                           const float *const *v, int n, int d0, int w, int G) {
-    int d = d0;
-#ifdef __AVX__
-    if (G <= 4 && w == 16) {   /* named sums, not an array: the compiler keeps them in registers */
-        __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
-        for (int i = 0; i < n; i++) {
-            if (i + WSUM_AHEAD < n) __builtin_prefetch(v[i + WSUM_AHEAD] + d0);
-            __m256 v0 = _mm256_loadu_ps(v[i] + d0), v1 = _mm256_loadu_ps(v[i] + d0 + 8), ph;
-            /* head h's two sums: named registers (an array indexed by h spills to memory) */
-#define WSUM_HEAD(h, s0, s1)                                      \
-            if (G > h) {                                          \
-                ph = _mm256_set1_ps(p[h][i]);                     \
-                s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));    \
-                s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));    \
-            }
-            WSUM_HEAD(0, a00, a01)
-            WSUM_HEAD(1, a10, a11)
-            WSUM_HEAD(2, a20, a21)
-            WSUM_HEAD(3, a30, a31)
-#undef WSUM_HEAD
-        }
-        __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-        for (int hh = 0; hh < G; hh++) {
-            _mm256_storeu_ps(o[hh] + d0, a[hh][0]);
-            _mm256_storeu_ps(o[hh] + d0 + 8, a[hh][1]);
-        }
-        return;
-    }
-    if (G <= 4 && w >= 8) {
-        __m256 a[4];
-        for (int hh = 0; hh < G; hh++) a[hh] = _mm256_setzero_ps();
-        for (int i = 0; i < n; i++) {
-            __m256 v0 = _mm256_loadu_ps(v[i] + d0);
-            for (int hh = 0; hh < G; hh++) a[hh] = _mm256_add_ps(a[hh], _mm256_mul_ps(_mm256_set1_ps(p[hh][i]), v0));
-        }
-        for (int hh = 0; hh < G; hh++) _mm256_storeu_ps(o[hh] + d0, a[hh]);
-        d += 8;
-    }
-#endif
-    for (int hh = 0; hh < G; hh++)
-        for (int dd = d; dd < d0 + w; dd++) {
-            float acc = 0;
-            for (int i = 0; i < n; i++) acc += p[hh][i] * v[i][dd];
-            o[hh][dd] = acc;
-        }
-}
-
-/* wsum_body with the group size a constant for the usual GQA ratios, so the compiler keeps the sums in registers;
- * the arithmetic is the body's either way. */
-static void weighted_sum_group(float *const *o, const float *const *p, const float *const *v, int n, int d0, int w,
-                               int G) {
-    switch (G) {
-    case 1: wsum_body(o, p, v, n, d0, w, 1); break;
-    case 2: wsum_body(o, p, v, n, d0, w, 2); break;
-    case 3: wsum_body(o, p, v, n, d0, w, 3); break;
-    case 4: wsum_body(o, p, v, n, d0, w, 4); break;
-    default:
-        for (int hh = 0; hh < G; hh += 4)   /* four heads at a time: still one pass per four heads */
-            wsum_body(o + hh, p + hh, v, n, d0, w, G - hh < 4 ? G - hh : 4);
-    }
-}
-
-
-/* 8 partial sums s_k folded as ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)), the order of a vector reduction with hadd */
-#ifdef __AVX__
-static inline float fold8_sum(__m256 s) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));   /* [s0+s4, s1+s5, s2+s6, s3+s7] */
-    h = _mm_hadd_ps(h, h);
-    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
-}
-#endif
-static inline float fold8_sum_c(const float s[8]) {
-    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-}
-
-/* In place, p[i] = e^(x_i − max) / Σ_j e^(x_j − max) over n scores, in a fixed order with or without AVX2: the sum
- * is 8 partial sums (sum k takes i ≡ k mod 8 below 8·⌊n/8⌋) folded by fold8_sum, plus the tail summed from 0. */
-static void softmax_inplace(float *x, int n) {
-    float mx = -INFINITY;
-    int i = 0;
-#ifdef __AVX__
-    /* maxps(a, b) is a > b ? a : b, the scalar test below, so the maximum is the same (a NaN is skipped either way;
-       which zero wins, +0 or -0, changes no x - max) */
-    __m256 mv = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + i), mv);
-    float mvals[8];
-    _mm256_storeu_ps(mvals, mv);
-    for (int k = 0; k < 8; k++) mx = mvals[k] > mx ? mvals[k] : mx;
-#endif
-    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    i = 0;
-    float sum;
-#ifdef __AVX2__
-    __m256 acc = _mm256_setzero_ps(), m8 = _mm256_set1_ps(mx);
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
-        _mm256_storeu_ps(x + i, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    sum = fold8_sum(acc);
-#else
-    float s[8] = {0};
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) { x[i + k] = exp_neg(x[i + k] - mx); s[k] += x[i + k]; }
-    sum = fold8_sum_c(s);
-#endif
-    float tail = 0;
-    for (; i < n; i++) { x[i] = exp_neg(x[i] - mx); tail += x[i]; }
-    float inv = 1.0f / (sum + tail);
-    for (i = 0; i < n; i++) x[i] *= inv;
-}
-
-/* Multiply-adds per layer below which attention stays on one thread (as run.c's matmul does below 65536). */
-#define KV_PARALLEL_MIN_WORK 65536
-/* Step 3 in three phases, each split over the threads in pieces whose arithmetic does not depend on the split, so
- * any thread count gives the same bits:
- *   scores   per (lane, block of 64 live slots): each key decoded/rotated once for the whole GQA group, the block
- *            scored against every query head of the group (block_scores; values decoded there too, when they are
- *            not f32);
- *   softmax  per query head: max, exp, sum and normalization in rank order;
- *   output   per (lane, 16 columns): Σ_i p_hi v_i for the group's heads, each value read once for the group.
- * At long contexts decode attention is bound by reading the cache (f32 SmolLM2 at 2,048 tokens: 92 MiB per token),
- * so every phase reads each key and value once. */
-void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
-    const KVShape *s = &c->shape;
-    int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, group = nh / n_kv, budget = c->budget;
-    float scale = 1.0f / sqrtf((float)hd);
-    const KVLane *lanes = &c->lanes[l * n_kv];
-    const float *cs_t = rope_at(c, t);
-    int max_n = 0;
-    for (int g = 0; g < n_kv; g++) max_n = lanes[g].n_live > max_n ? lanes[g].n_live : max_n;
-    /* the queries, rotated: at the query's position (pos=orig) or at the newest rank of its lane (pos=cache) */
-    for (int h = 0; h < nh; h++) {
-        float *qh = c->qbuf + (size_t)h * hd;
-        memcpy(qh, q + (size_t)h * hd, (size_t)hd * sizeof(float));
-        if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(lanes[h / group].n_live - 1) * hd);
-        else rope_apply(qh, s, cs_t);
-    }
-    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK, col_blocks = (hd + WSUM_COLS - 1) / WSUM_COLS;
-    /* small layers stay on one thread: waking the team costs more than the work (and much more on a loaded machine) */
-    size_t work = (size_t)max_n * hd * nh;
-    #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
-    {
-        #pragma omp for schedule(static)
-        for (int item = 0; item < n_kv * blocks; item++) {
-            int g = item / blocks, i0 = item % blocks * KV_KEY_BLOCK, n = lanes[g].n_live;
-            int i1 = i0 + KV_KEY_BLOCK < n ? i0 + KV_KEY_BLOCK : n;
-            if (i1 <= i0) continue;   /* this lane is shorter than the layer's longest */
-            const float **vp = c->vptr + (size_t)g * budget, *kp[KV_KEY_BLOCK];
-            for (int i = i0; i < i1; i++) {
-                kp[i - i0] = lane_key(c, &lanes[g], i, c->kbuf + ((size_t)g * budget + i) * hd);
-                vp[i] = lane_value(c, &lanes[g], i, c->vbuf + ((size_t)g * budget + i) * hd);
-                /* ask for the block's key rows now, all at once, rather than one miss at a time in the packing */
-                for (int d = 0; d < hd; d += 16) __builtin_prefetch(kp[i - i0] + d);
-            }
-            const float *qg[group];
-            float *sg[group];
-            for (int hh = 0; hh < group; hh++) {
-                qg[hh] = c->qbuf + (size_t)(g * group + hh) * hd;
-                sg[hh] = c->scores + (size_t)(g * group + hh) * budget + i0;
-            }
-            block_scores(sg, qg, group, key_panels(c, g, i0), kp, i1 - i0, hd, scale);
-        }
-        #pragma omp for schedule(static)
-        for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
-        #pragma omp for schedule(static)
-        for (int item = 0; item < n_kv * col_blocks; item++) {
-            int g = item / col_blocks, d0 = item % col_blocks * WSUM_COLS;
-            float *o[group];
-            const float *p[group];
-            for (int hh = 0; hh < group; hh++) {
-                o[hh] = out + (size_t)(g * group + hh) * hd;
-                p[hh] = c->scores + (size_t)(g * group + hh) * budget;
-            }
-            weighted_sum_group(o, p, c->vptr + (size_t)g * budget, lanes[g].n_live, d0,
-                               hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, group);
-        }
-    }
-    kv_attend_policy(c, l, t);
+int kv_set_backend(KVCache *c, KVBackend b) {
+    if (c->device || (b != KV_BACKEND_FAST && b != KV_BACKEND_REF)) return -1;
+    c->backend = b;
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * A chunk of tokens through one layer (kv_attend_chunk). Token by token, step 3 reads every key and value of the
- * layer once per token. When no slot of the layer can be freed or change while the chunk passes (chunk_room), each
- * token's live list is known in advance: the lane's live list now, then the chunk's tokens up to itself. Step 3 then
- * runs for all the chunk's tokens at once, reading each key and value once per chunk, with every score,
- * probability and output computed by the same arithmetic as kv_attend_cpu (block_scores, softmax_inplace,
- * wsum_body's order), so the bits are those of token-by-token decode. Steps 1, 2 and 4 (and the caller's hook) still
- * run token by token, in order.
+ * Step 3 by its definition (kv.h, kv_attend_ref): plain loops in the plainest order, no SIMD, no threads. The fast
+ * paths (attn_cpu.c, attn.cu) are tested against it within a bound derived from f32 rounding (tests/attn_ref_check.h).
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* Scratch of the chunk path, bytes at most: chunks are cut so that (tokens, n_heads, budget) probabilities fit. */
-#define KV_CHUNK_SCRATCH (64u << 20)
-
-/* How many of the next tokens of layer l can attend as one chunk: every lane has room for them (no step-1
- * eviction), the policy never frees slots at step 4 (no prune), there is no residual region (its tokens move into
- * the typed region, which changes their bits) and attention runs on the CPU. 0 when none can. */
-static int chunk_room(const KVCache *c, int l) {
-    if (c->device || c->residual || c->policy.ops->prune) return 0;
-    int room = c->budget;
-    for (int g = 0; g < c->shape.n_kv_heads; g++) {
-        int r = c->budget - c->lanes[l * c->shape.n_kv_heads + g].n_live;
-        room = r < room ? r : room;
-    }
-    return room;
-}
-
-/* The big chunk scratch, shared by every cache of the process (caches attend one after another: eval runs its
- * policies layer by layer in turn): rotated queries (tokens, n_heads, head_dim) and scores, then probabilities
- * (tokens, n_heads, budget). Grown when a larger chunk arrives, kept for the process (no per-chunk allocation). */
-static struct {
-    float *q, *p;
-    size_t q_cap, p_cap;   /* floats */
-} chunk_scratch;
-
-/* *buf to at least n floats (contents not kept). 0, or -1 when out of memory (*buf unchanged). */
-static int grow_floats(float **buf, size_t *cap, size_t n) {
-    if (n <= *cap) return 0;
-    float *b = malloc(n * sizeof(float));
-    if (!b) return -1;
-    free(*buf);
-    *buf = b;
-    *cap = n;
-    return 0;
-}
-
-/* Grows the chunk buffers to n tokens of this cache. 0, or -1 when out of memory (the caller then goes token by
- * token). */
-static int chunk_reserve(KVCache *c, int n) {
+void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
-    size_t nq = (size_t)n * s->n_heads * s->head_dim, np = (size_t)n * s->n_heads * c->budget;
-    if (grow_floats(&chunk_scratch.q, &chunk_scratch.q_cap, nq) || grow_floats(&chunk_scratch.p, &chunk_scratch.p_cap, np))
-        return -1;
-    if (n <= c->chunk_cap) return 0;
-    float *cs = malloc((size_t)n * s->head_dim * sizeof(float));
-    if (!cs) return -1;
-    free(c->chunk_cs);
-    c->chunk_cs = cs;
-    c->chunk_cap = n;
-    c->chunk_cs_n = 0;   /* the new table holds no position yet */
-    return 0;
-}
-
-/* The f32 key a new token of the chunk will have at attention: what kv_append stores (pos=orig: rotated by its
- * position, cs) read back as lane_key reads it (decoded; pos=cache: rotated by its rank). x: head_dim. */
-static const float *chunk_key(const KVCache *c, float *x, const float *k, int rank, const float *cs) {
-    const KVShape *s = &c->shape;
-    int hd = s->head_dim;
-    memcpy(x, k, (size_t)hd * sizeof(float));
-    if (c->spec.pos == POS_ORIG) rope_apply(x, s, cs);
-    if (c->spec.ktype != KV_F32) {
-        uint8_t b[c->k_bytes];
-        kv_encode(b, c->spec.ktype, x, hd);
-        kv_decode(x, c->spec.ktype, b, hd);
-    }
-    if (c->spec.pos == POS_CACHE) rope_apply(x, s, c->rope_cs + (size_t)rank * hd);
-    return x;
-}
-
-/* The same for a new token's value: v itself (f32), or decoded from what kv_append stores into x. */
-static const float *chunk_value(const KVCache *c, float *x, const float *v) {
-    if (c->spec.vtype == KV_F32) return v;
-    uint8_t b[c->v_bytes];
-    kv_encode(b, c->spec.vtype, v, c->shape.head_dim);
-    kv_decode(x, c->spec.vtype, b, c->shape.head_dim);
-    return x;
-}
-
-/* Four consecutive tokens' attention outputs for one query head over columns [d0, d0 + 16) of a lane, in pieces of
- * value rows: token k (k = 0..3) sums over value rows 0..n-1+k with probabilities p + k·ld_p into o + k·ld_o, each
- * output in wsum_body's order (0 + p_0 v_0 + p_1 v_1 + ..., a multiply then an add). wsum_quad_rows adds rows
- * [i0, i1) (i1 ≤ n, the rows all four see) for all four tokens to the sums in o (first: the sums start from 0);
- * wsum_quad_tail adds the last three rows (n: tokens 1-3, n+1: tokens 2-3, n+2: token 3) to the sums in o. Storing
- * a sum and loading it back changes no bit, so the pieces give wsum_body's outputs. The macros name the functions'
- * own variables (o, ld_o, p, ld_p, d0, i, ph, v0, v1). */
-#ifdef __AVX__
-#define WSUM_TOKEN(k, s0, s1)                                         \
-    ph = _mm256_set1_ps(p[(size_t)(k) * ld_p + i]);                   \
-    s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));                    \
-    s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));
-#define WSUM_LOAD(k, s0, s1)                                          \
-    s0 = _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0);                \
-    s1 = _mm256_loadu_ps(o + (size_t)(k) * ld_o + d0 + 8);
-#define WSUM_STORE(k, s0, s1)                                         \
-    _mm256_storeu_ps(o + (size_t)(k) * ld_o + d0, s0);                \
-    _mm256_storeu_ps(o + (size_t)(k) * ld_o + d0 + 8, s1);
-static void wsum_quad_rows(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int i0, int i1,
-                           int d0, int first) {
-    __m256 a00, a01, a10, a11, a20, a21, a30, a31, v0, v1, ph;
-    if (first) a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = _mm256_setzero_ps();
-    else { WSUM_LOAD(0, a00, a01) WSUM_LOAD(1, a10, a11) WSUM_LOAD(2, a20, a21) WSUM_LOAD(3, a30, a31) }
-    for (int i = i0; i < i1; i++) {
-        v0 = _mm256_loadu_ps(v[i] + d0);
-        v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-        WSUM_TOKEN(0, a00, a01) WSUM_TOKEN(1, a10, a11) WSUM_TOKEN(2, a20, a21) WSUM_TOKEN(3, a30, a31)
-    }
-    WSUM_STORE(0, a00, a01) WSUM_STORE(1, a10, a11) WSUM_STORE(2, a20, a21) WSUM_STORE(3, a30, a31)
-}
-static void wsum_quad_tail(float *o, size_t ld_o, const float *p, size_t ld_p, const float *const *v, int n, int d0) {
-    __m256 a10, a11, a20, a21, a30, a31, v0, v1, ph;
-    int i = n;
-    WSUM_LOAD(1, a10, a11) WSUM_LOAD(2, a20, a21) WSUM_LOAD(3, a30, a31)
-    v0 = _mm256_loadu_ps(v[i] + d0);
-    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-    WSUM_TOKEN(1, a10, a11) WSUM_TOKEN(2, a20, a21) WSUM_TOKEN(3, a30, a31)
-    i++;
-    v0 = _mm256_loadu_ps(v[i] + d0);
-    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-    WSUM_TOKEN(2, a20, a21) WSUM_TOKEN(3, a30, a31)
-    i++;
-    v0 = _mm256_loadu_ps(v[i] + d0);
-    v1 = _mm256_loadu_ps(v[i] + d0 + 8);
-    WSUM_TOKEN(3, a30, a31)
-    WSUM_STORE(1, a10, a11) WSUM_STORE(2, a20, a21) WSUM_STORE(3, a30, a31)
-}
-#undef WSUM_TOKEN
-#undef WSUM_LOAD
-#undef WSUM_STORE
-#endif
-
-/* Value rows per piece of the output phase: a piece's rows (64 x head_dim floats, 16 KiB at head_dim 64) stay in L1
- * while every (token, head, 16 columns) of a work item passes over them. */
-#define WSUM_ROWS 64
-/* Tokens per work item of the output phase: each value row comes from L2 or L3 once per item */
-#define WSUM_TOKENS 16
-
-/* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:
- * chunk_room), and the policy and the hook see each token's probabilities in c->scores, pointed at the token's rows of
- * P while they look. It reads and writes nothing the output phase uses, so the two run at the same time. */
-static int chunk_steps_124(KVCache *c, const float *P, int l, int pos0, int n, const int *n0, const float *k,
-                           const float *v, KVAttnHook hook, void *hook_ctx) {
-    int n_kv = c->shape.n_kv_heads, nh = c->shape.n_heads, B = c->budget, kv_dim = n_kv * c->shape.head_dim;
-    KVLane *lanes = &c->lanes[l * n_kv];
-    float *scores = c->scores;
-    for (int u = 0; u < n; u++) {
-        if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) return -1;
-        for (int g = 0; g < n_kv; g++)
-            if (lanes[g].n_live != n0[g] + u + 1) {   /* chunk_room promised no eviction: a kv.c bug, not input */
-                fprintf(stderr, "kv: layer %d kv head %d holds %d tokens at position %d, %d expected\n", l, g,
-                        lanes[g].n_live, pos0 + u, n0[g] + u + 1);
-                abort();
-            }
-        c->scores = (float *)P + (size_t)u * nh * B;
-        kv_attend_policy(c, l, pos0 + u);
-        if (hook) hook(hook_ctx, l, c, pos0 + u);
-        c->scores = scores;
-    }
-    return 0;
-}
-
-/* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_room(c, l) ≥ n, chunk buffers reserved). Phases, each
- * split over the threads in pieces whose arithmetic does not depend on the split:
- *   queries  per (token, query head): rotated as kv_attend_cpu rotates them;
- *   scores   per (lane, block of 64 ranks): the block's keys (live and new) and values made ready as attention sees
- *            them, then the keys against every query of the group that sees them;
- *   softmax  per (token, query head), over the token's live list;
- *   then, at the same time: steps 1-2 and 4 token by token on one thread (chunk_steps_124), and the outputs per
- *   (lane, WSUM_TOKENS tokens), in pieces of WSUM_ROWS value rows that stay in L1 for the item's tokens and heads. */
-static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
-                         const float *v, KVAttnHook hook, void *hook_ctx) {
-    const KVShape *s = &c->shape;
-    int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, G = nh / n_kv, B = c->budget;
-    int q_dim = nh * hd, kv_dim = n_kv * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    KVLane *lanes = &c->lanes[l * n_kv];
-    int n0[n_kv], max_n = 0;   /* live tokens per lane before the chunk */
-    for (int g = 0; g < n_kv; g++) {
-        n0[g] = lanes[g].n_live;
-        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
-    }
-    if (c->spec.pos == POS_ORIG && (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n)) {   /* shared by the layers */
-        for (int u = 0; u < n; u++) rope_cs(c->chunk_cs + (size_t)u * hd, s, pos0 + u);
-        c->chunk_cs_pos0 = pos0;
-        c->chunk_cs_n = n;
-    }
-    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
-    float *P = chunk_scratch.p, *Q = chunk_scratch.q;
-    size_t work = (size_t)max_n * hd * nh * n;
-    int rc = 0;
-    float *scores = c->scores;
-    #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
-    {
-        #pragma omp for schedule(static)
-        for (int uh = 0; uh < n * nh; uh++) {
-            int u = uh / nh, h = uh % nh;
-            float *qh = Q + (size_t)uh * hd;
-            memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
-            if (c->spec.pos == POS_CACHE) rope_apply(qh, s, c->rope_cs + (size_t)(n0[h / G] + u) * hd);
-            else rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd), qr[hd], kx[hd], vx[hd];
+    for (int h = 0; h < s->n_heads; h++) {
+        const KVLane *ln = &c->lanes[l * s->n_kv_heads + h / group];   /* the query head's GQA lane */
+        int n = ln->n_live;
+        float *p = c->scores + (size_t)h * c->budget, *o = out + (size_t)h * hd, mx = -INFINITY, sum = 0;
+        /* the query rotated by its position t (pos=orig) or by its lane's newest rank n-1 (pos=cache) */
+        memcpy(qr, q + (size_t)h * hd, (size_t)hd * sizeof(float));
+        kv_rope(qr, s, c->spec.pos == POS_CACHE ? n - 1 : t);
+        /* scores (q·k_i)/√head_dim over the live ranks, k_i decoded and rotated as kv_lane_key says; d in order */
+        for (int i = 0; i < n; i++) {
+            const float *k = kv_lane_key(c, ln, i, kx);
+            float dot = 0;
+            for (int d = 0; d < hd; d++) dot += qr[d] * k[d];
+            p[i] = dot * scale;
+            mx = p[i] > mx ? p[i] : mx;
         }
-        #pragma omp for schedule(static)
-        for (int item = 0; item < n_kv * blocks; item++) {
-            int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
-            if (j1 > n0[g] + n) j1 = n0[g] + n;
-            if (j1 <= j0) continue;
-            /* the block's keys and values as attention sees them: the lane's live ones, then the chunk's new ones */
-            const float *kp[KV_KEY_BLOCK];
-            for (int j = j0; j < j1; j++) {
-                size_t row = (size_t)g * B + j;
-                float *kx = c->kbuf + row * hd, *vx = c->vbuf + row * hd;
-                if (j < n0[g]) {
-                    kp[j - j0] = lane_key(c, &lanes[g], j, kx);
-                    c->vptr[row] = lane_value(c, &lanes[g], j, vx);
-                } else {
-                    int u = j - n0[g];
-                    kp[j - j0] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
-                                           c->chunk_cs + (size_t)u * hd);
-                    c->vptr[row] = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
-                }
-            }
-            /* token u sees ranks up to n0 + u: the block's first query token, then every (token, head) after it
-               (scores past a token's last rank are computed and never read) */
-            int f0 = (j0 > n0[g] ? j0 - n0[g] : 0) * G, nf = n * G;
-            const float *qf[nf - f0];
-            float *of[nf - f0];
-            for (int f = f0; f < nf; f++) {
-                size_t row = (size_t)(f / G) * nh + g * G + f % G;
-                qf[f - f0] = Q + row * hd;
-                of[f - f0] = P + row * B + j0;
-            }
-            block_scores(of, qf, nf - f0, key_panels(c, g, j0), kp, j1 - j0, hd, scale);
-        }
-        #pragma omp for schedule(static)
-        for (int uh = 0; uh < n * nh; uh++)
-            softmax_inplace(P + (size_t)uh * B, n0[uh % nh / G] + uh / nh + 1);
-        /* steps 1-2 and 4 on one thread while the others start on the outputs (dynamic: it joins them after) */
-        #pragma omp single nowait
-        rc = chunk_steps_124(c, P, l, pos0, n, n0, k, v, hook, hook_ctx);
-        /* the outputs per (lane, WSUM_TOKENS tokens): with AVX and head_dim a multiple of 16, four tokens at a time in
-           pieces of WSUM_ROWS value rows, each piece read from L2 or L3 once for all the item's tokens and heads; the
-           tokens left over (fewer than four) one at a time */
-        int n_items = (n + WSUM_TOKENS - 1) / WSUM_TOKENS;
-        #pragma omp for schedule(dynamic)
-        for (int item = 0; item < n_kv * n_items; item++) {
-            int g = item / n_items, u0 = item % n_items * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
-            const float *const *vp = c->vptr + (size_t)g * B;
-            int u = u0;
-#ifdef __AVX__
-            if (hd % WSUM_COLS == 0) {
-                int uq = u0 + (u1 - u0) / 4 * 4;   /* tokens [u0, uq) go in fours; four tokens from u share rows
-                                                      0..n0 + u, and the last three rows as wsum_quad_tail adds them */
-                for (int i0 = 0; i0 < n0[g] + uq - 3; i0 += WSUM_ROWS)
-                    for (int u4 = u0; u4 < uq; u4 += 4) {
-                        int shared = n0[g] + u4 + 1, i1 = i0 + WSUM_ROWS < shared ? i0 + WSUM_ROWS : shared;
-                        for (int d0 = 0; d0 < hd && i0 < i1; d0 += WSUM_COLS)
-                            for (int hh = 0; hh < G; hh++) {
-                                size_t row = (size_t)u4 * nh + g * G + hh;
-                                wsum_quad_rows(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, i0, i1, d0,
-                                               i0 == 0);
-                            }
-                    }
-                for (int u4 = u0; u4 < uq; u4 += 4)
-                    for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-                        for (int hh = 0; hh < G; hh++) {
-                            size_t row = (size_t)u4 * nh + g * G + hh;
-                            wsum_quad_tail(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, n0[g] + u4 + 1, d0);
-                        }
-                u = uq;
-            }
-#endif
-            for (; u < u1; u++) {
-                float *oa[G];
-                const float *pa[G];
-                for (int hh = 0; hh < G; hh++) {
-                    size_t row = (size_t)u * nh + g * G + hh;
-                    oa[hh] = out + row * hd;
-                    pa[hh] = P + row * B;
-                }
-                for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-                    weighted_sum_group(oa, pa, vp, n0[g] + u + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G);
-            }
+        /* softmax, max subtracted (every exponent <= 0, the largest term 1 so sum >= 1); sums in rank order */
+        for (int i = 0; i < n; i++) { p[i] = expf(p[i] - mx); sum += p[i]; }
+        for (int i = 0; i < n; i++) p[i] /= sum;
+        /* out = Σ_i p_i·v_i, i in rank order */
+        for (int d = 0; d < hd; d++) o[d] = 0;
+        for (int i = 0; i < n; i++) {
+            const float *v = kv_lane_value(c, ln, i, vx);
+            for (int d = 0; d < hd; d++) o[d] += p[i] * v[d];
         }
     }
-    /* as after kv_attend_cpu, c->scores holds the last token's probabilities */
-    if (!rc)
-        for (int h = 0; h < nh; h++)
-            memcpy(scores + (size_t)h * B, P + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
-    return rc;
-}
-
-int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
-                    KVAttnHook hook, void *hook_ctx) {
-    const KVShape *s = &c->shape;
-    int q_dim = s->n_heads * s->head_dim, kv_dim = s->n_kv_heads * s->head_dim;
-    size_t per_token = (size_t)s->n_heads * c->budget * sizeof(float);
-    int most = per_token * 2 > KV_CHUNK_SCRATCH ? 1 : (int)(KV_CHUNK_SCRATCH / per_token);
-    for (int t = 0; t < n;) {
-        int nt = n - t, room = chunk_room(c, l);
-        nt = nt < room ? nt : room;
-        nt = nt < most ? nt : most;
-        if (nt >= 2 && !chunk_reserve(c, nt)) {
-            if (attend_static(c, out + (size_t)t * q_dim, l, pos0 + t, nt, q + (size_t)t * q_dim,
-                              k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx)) return -1;
-            t += nt;
-            continue;
-        }
-        if (kv_append(c, l, pos0 + t, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim)) return -1;
-        kv_attend_cpu(c, out + (size_t)t * q_dim, l, pos0 + t, q + (size_t)t * q_dim);
-        if (hook) hook(hook_ctx, l, c, pos0 + t);
-        t++;
-    }
-    return 0;
+    kv_attend_policy(c, l, t);
 }
 
 void kv_attend_policy(KVCache *c, int l, int t) {

@@ -214,6 +214,10 @@ typedef enum { KV_SLOT_STORE, KV_SLOT_MOVE, KV_SLOT_FREE, KV_SLOT_RESET } KVSlot
 typedef void (*KVSlotFn)(void *ctx, KVSlotEvent ev, int lane, int slot, int from, int rank, int pos,
                          const float *k, const float *v);   /* STORE: position, k and v (head_dim each, k before RoPE) */
 
+/* Which CPU attention the forward pass's entry point (kv_attend_chunk) runs: FAST, kv_attend_cpu and the batched
+ * chunk path (attn_cpu.c); REF, kv_attend_ref token by token (-d ref: a whole job on the definition). */
+typedef enum { KV_BACKEND_FAST = 0, KV_BACKEND_REF } KVBackend;
+
 struct KVCache {
     KVShape shape;
     KVSpec spec;
@@ -229,11 +233,13 @@ struct KVCache {
     float *scores;           /* (n_heads, budget) probabilities of the last step, per query head */
     float *agg, *mean;       /* (n_kv_heads, budget) aggregated over a GQA group */
     float *kbuf;             /* (n_kv_heads, budget, head_dim) dequantized / rotated keys */
-    float *ktbuf;            /* (n_kv_heads, budget rounded up to 64, head_dim) keys in panels for the scores (kv.c) */
+    float *ktbuf;            /* (n_kv_heads, budget rounded up to 64, head_dim) keys in panels for the scores
+                                (attn_cpu.c) */
     float *vbuf;             /* (n_kv_heads, budget, head_dim) dequantized values */
     const float **vptr;      /* (n_kv_heads, budget) each live value's f32 row: in the cache or in vbuf */
     float *qbuf;             /* (n_heads, head_dim) rotated queries */
-    /* scratch of kv_attend_chunk, grown to the largest chunk seen (its large buffers are shared by all caches, kv.c) */
+    /* scratch of kv_attend_chunk, grown to the largest chunk seen (its large buffers are shared by all caches,
+       attn_cpu.c) */
     float *chunk_cs;         /* (chunk, head_dim/2, 2) cos, sin of positions chunk_cs_pos0.. (chunk_cs_n of them) */
     int chunk_cap, chunk_cs_pos0, chunk_cs_n;
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
@@ -253,6 +259,7 @@ struct KVCache {
     uint64_t bytes_moved;    /* between memory tiers: 0 until a cache has a slow tier */
     KVSlotFn on_slot; void *slot_ctx;   /* the device mirror's observer, or NULL */
     void *device;            /* the device mirror (AttnDevice, attn.h) when attention runs on a GPU; NULL: the CPU */
+    KVBackend backend;       /* the CPU attention kv_attend_chunk runs (kv_set_backend); KV_BACKEND_FAST after init */
 };
 
 /* Create a cache for a model shape from a parsed spec (the policy's own keys are checked here). Budget: spec->budget
@@ -274,26 +281,50 @@ void kv_set_prompt_len(KVCache *c, int n_tokens);
  * k, v: (n_kv_heads * head_dim) before RoPE. Returns 0, or -1 when a lane is full and the policy cannot evict
  * (`full` past its context). */
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
-/* Steps 3 and 4: out (n_heads * head_dim) = attention of q (n_heads * head_dim, before RoPE) at position t over the
- * live slots of layer l; then the policy is shown the aggregated probabilities. This is the CPU reference that the CUDA
- * kernels are checked against. The probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run
- * in parallel under OpenMP; each output is computed by one thread, so any thread count gives the same bits. */
+/* Steps 3 and 4 by their definition, THE reference every attention path is checked against (kv_attend_cpu,
+ * kv_attend_chunk in every build, attn.cu's kernels and their CPU twin: tests/test_attn_ref.c, tests/test_attn.cu).
+ * q (n_heads * head_dim, before RoPE) is the token at position t, stored by kv_append(c, l, t, ...) just before; for
+ * each query head h, with lane (l, h / (n_heads / n_kv_heads)) holding n live slots k_i, v_i in rank (position) order:
+ *   keys    the f32 key as stored: the f32 residual region as is, f16/bf16/q8/q4 decoded (kv_decode); under pos=orig
+ *           it was rotated by its position when stored, under pos=cache it is rotated now by its rank i (StreamingLLM,
+ *           Xiao et al. 2023, §3.2), and the query by t (pos=orig) or by n-1 (pos=cache) (RoPE: Su et al. 2021);
+ *   scores  s_i = (q·k_i)/√head_dim (scaled dot-product attention, Vaswani et al. 2017, eq. 1), f32;
+ *   probs   p_i = e^(s_i − max_j s_j) / Σ_j e^(s_j − max_j s_j), f32, libm's expf;
+ *   output  out_h = Σ_i p_i·v_i (head_dim), v_i decoded as k_i (never rotated).
+ * Every sum is a plain f32 loop in increasing index order (d for the dot, i for the softmax and the output): no SIMD
+ * beyond what the compiler does without reassociating, no threads, so its bits are those of its C on any build. It
+ * is slow (each key decoded once per query head) and not bit-identical to the fast paths, which agree with it within
+ * a bound derived from f32 rounding over head_dim and n (tests/attn_ref_check.h). As kv_attend_cpu, it leaves p_i of
+ * query head h in c->scores[h * budget + i] and ends with step 4 (kv_attend_policy). No errors: n >= 1 (the token
+ * itself is live). */
+void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q);
+/* Steps 3 and 4 as kv_attend_ref defines them, fast (attn_cpu.c): the same contract and outputs within the bound of
+ * tests/attn_ref_check.h; the probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run in
+ * parallel under OpenMP; each output is computed by one thread in an order of operations fixed by the code, so any
+ * thread count, and a build with or without AVX, give the same bits. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q);
 /* Called after step 4 of each token (eval's shadow and recall bookkeeping): c->scores holds that token's
  * probabilities for the lane's n_live ranks, as after kv_attend_cpu (what lies past n_live is undefined). */
 typedef void (*KVAttnHook)(void *ctx, int l, const KVCache *c, int pos);
 /* Steps 1-4 for n consecutive tokens of layer l at positions pos0..pos0+n-1, in order, with hook (may be NULL) after
  * each token's step 4: the same bits as kv_append + kv_attend_cpu + hook token by token, for any n and thread count.
- * q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads * head_dim), before RoPE. While no slot of the layer can be
- * freed (every lane has room, no prune, no residual region, CPU attention) step 3 runs for the whole chunk at once,
- * reading each key and value once per chunk instead of once per token. Not reentrant: its large scratch is shared by
- * every cache of the process (call it for one cache at a time). Returns 0, or -1 as kv_append. */
+ * The forward pass's CPU entry point (run.c, forward_layer). q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads *
+ * head_dim), before RoPE. While no slot of the layer can be freed (every lane has room, no prune, no residual region,
+ * CPU attention, the fast backend) step 3 runs for the whole chunk at once, reading each key and value once per chunk
+ * instead of once per token. With c->backend KV_BACKEND_REF it is kv_append + kv_attend_ref + hook token by token.
+ * Not reentrant: its large scratch is shared by every cache of the process (call it for one cache at a time).
+ * Returns 0, or -1 as kv_append. */
 int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
                     KVAttnHook hook, void *hook_ctx);
 /* Step 4 alone: show the policy the probabilities in c->scores (per query head, rank order, as kv_attend_cpu leaves
- * them), then on_layer_done and prune. kv_attend_cpu ends with it; a device path calls it after copying its
- * probabilities into c->scores, so the policy code is the same on every device. */
+ * them), then on_layer_done and prune. kv_attend_ref and kv_attend_cpu end with it; a device path calls it after
+ * copying its probabilities into c->scores, so the policy code is the same on every device. */
 void kv_attend_policy(KVCache *c, int l, int t);
+/* Choose the attention kv_attend_chunk runs for this cache from now on (a whole job: set it before the first token;
+ * kv_cache_reset keeps it). 0, or -1 (nothing changed) when b is not a KVBackend or a device mirror is attached
+ * (c->device: the forward pass then attends on the device and never reaches kv_attend_chunk; a mirror attached
+ * after REF was set takes it there too, so -d ref attaches none). */
+int kv_set_backend(KVCache *c, KVBackend b);
 
 /* RoPE in place on one head vector x (head_dim) at position pos (RoFormer, Su et al. 2021, eq. 34; pairing per
  * shape->rope_pairing; frequencies theta^(-2i/head_dim), divided by rope_factors[i] when present). */

@@ -454,6 +454,7 @@ static void print_summary(Session *se, const Options *o) {
     KVBytes b = kv_bytes(&se->cache);
     char dev[256];
     attn_dev_describe(&se->cache, dev, sizeof dev);
+    if (se->cache.backend == KV_BACKEND_REF) snprintf(dev, sizeof dev, "device ref (kv_attend_ref)");
     if (o->verbose) {
         const KVShape *sh = &se->cache.shape;
         fprintf(stderr, "layer  KiB allocated  KiB live  live slots per kv head (peak)\n");
@@ -650,6 +651,7 @@ int run_generate_chat(Model *m, const Options *o, int cuda) {
     Session se;
     char err[512];
     session_init(&se, m, o, o->seed_set ? o->seed : seed_fresh());
+    if (!strcmp(o->device, "ref")) kv_set_backend(&se.cache, KV_BACKEND_REF);   /* -d ref: attention by definition */
     if (cuda && attn_dev_attach(&se.cache, err, sizeof err)) {
         if (!strcmp(o->device, "cuda")) fatal("-d cuda: %s", err);
         run_note("%s: attention runs on the CPU", err);

@@ -1,7 +1,8 @@
-/* test_attn.cu: the CUDA attention path (attn.cu) against kv_attend_cpu, the reference.
- * Part 1 runs everywhere: the kernels' encoder and decoder compiled for the host against kv_encode/kv_decode (byte for
- * byte), the launch plan, and the CPU twin of every kernel (store, residual move, live-list upload, split attention,
- * merge, probabilities) over odd shapes: 1, 3, 37, 513, 4099 live slots; head_dim 8, 64, 80, 128; GQA ratios 1, 3, 4;
+/* test_attn.cu: the CUDA attention path (attn.cu) against kv_attend_ref, the definition (within the f32 bound of
+ * tests/attn_ref_check.h), and against kv_attend_cpu (within the tolerances below). Part 1 runs everywhere: the
+ * kernels' encoder and decoder compiled for the host against kv_encode/kv_decode (byte for byte), the launch plan, and
+ * the CPU twin of every kernel (store, residual move, live-list upload, split attention, merge, probabilities) over
+ * odd shapes: 1, 3, 37, 513, 4099 live slots; head_dim 8, 64, 80, 128; GQA ratios 1, 3, 4;
  * lanes with holes after random eviction; every storage type, mixed k/v types and the f32 residual; pos=orig and
  * pos=cache. Part 2 runs the same streams through the device mirror when a GPU is usable, else prints one SKIP line.
  * `test_attn --bench MODEL.bin` times decode attention for tests/gpu_check.sh (GPU builds only).
@@ -18,6 +19,7 @@ extern "C" {
 #include "kv.h"
 #include "run.h"
 #include "tests/test_kv_util.h"
+#include "tests/attn_ref_check.h"
 }
 #include "attn.h"
 
@@ -112,9 +114,10 @@ typedef struct {
     char where[200], bytes_msg[512], sentinel_msg[512];
 } Tally;
 
-/* Fill a cache with one token stream and compare the mirror's attention with kv_attend_cpu's at a few steps and at the
- * end, for both layers. n: live slots per lane at the end. Returns -1 when the cache cannot be made. */
-static int run_case(Tally *ty, int on_gpu, int n, int hd, int group, const TypeCase *tc, int pos_cache) {
+/* Fill a cache with one token stream and compare the mirror's attention with kv_attend_ref's (into rt) and with
+ * kv_attend_cpu's (into ty) at a few steps and at the end, for both layers. n: live slots per lane at the end.
+ * Returns -1 when the cache cannot be made. */
+static int run_case(Tally *ty, RefTally *rt, int on_gpu, int n, int hd, int group, const TypeCase *tc, int pos_cache) {
     int n_kv = 2, n_heads = n_kv * group, n_layers = 2;
     KVShape s = tshape(n_layers, n_heads, n_kv, hd, n);
     char opts[64], spec[160];
@@ -135,7 +138,10 @@ static int run_case(Tally *ty, int on_gpu, int n, int hd, int group, const TypeC
     size_t qn = (size_t)n_heads * hd, kn = (size_t)n_kv * hd;
     float *q = (float *)malloc(qn * 4), *k = (float *)malloc(kn * 4), *v = (float *)malloc(kn * 4);
     float *out_m = (float *)malloc(qn * 4), *out_c = (float *)malloc(qn * 4);
-    float *probs = (float *)malloc((size_t)n_heads * c.budget * 4);
+    float *probs = (float *)malloc((size_t)n_heads * c.budget * 4), *out_r = (float *)malloc(qn * 4);
+    RefAnswer ans;
+    char where[320];
+    if (ref_answer_init(&ans, &c)) { CHECK(0, "out of memory"); exit(1); }
     trng_seed((uint64_t)n * 1000003u + (uint64_t)hd * 101u + (uint64_t)group * 7u + (uint64_t)pos_cache);
     for (int t = 0; t < steps; t++) {
         int check = t == steps - 1 || (n <= 513 && t == steps / 2) || (n <= 37 && t % 5 == 0);
@@ -145,6 +151,11 @@ static int run_case(Tally *ty, int on_gpu, int n, int hd, int group, const TypeC
             if (!check) continue;
             for (size_t i = 0; i < qn; i++) q[i] = tnorm();
             attn_mirror_attend(&c, out_m, probs, l, t, q);
+            /* the definition first (its step 4 changes nothing: random keeps no attention state), then the CPU path */
+            kv_attend_ref(&c, out_r, l, t, q);
+            ref_answer_take(&ans, rt, &c, l, q, out_r);
+            snprintf(where, sizeof where, "'%s' head_dim %d group %d step %d layer %d", spec, hd, group, t, l);
+            ref_answer_check(&ans, rt, out_m, probs, (size_t)c.budget, where);
             kv_attend_cpu(&c, out_c, l, t, q);
             ty->attends++;
             for (int h = 0; h < n_heads; h++) {
@@ -183,7 +194,8 @@ static int run_case(Tally *ty, int on_gpu, int n, int hd, int group, const TypeC
 out:
     attn_mirror_detach(&c);
     kv_cache_free(&c);
-    free(q); free(k); free(v); free(out_m); free(out_c); free(probs);
+    free(q); free(k); free(v); free(out_m); free(out_c); free(probs); free(out_r);
+    ref_answer_free(&ans);
     return 0;
 }
 
@@ -211,12 +223,19 @@ static void test_attention(int on_gpu) {
                 tol_prob = fmax(tol_prob, TYPES[ti].orig_prob * (on_gpu ? 2 : 1));
             }
             Tally ty;
+            RefTally rt;
             memset(&ty, 0, sizeof ty);
+            memset(&rt, 0, sizeof rt);
             for (int a = 0; a < n_ns; a++)
                 for (size_t b = 0; b < sizeof hds / sizeof hds[0]; b++)
                     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
-                        run_case(&ty, on_gpu, ns[a], hds[b], groups[g], &TYPES[ti], pc);
+                        run_case(&ty, &rt, on_gpu, ns[a], hds[b], groups[g], &TYPES[ti], pc);
             const char *pos = pc ? "cache" : "orig";
+            CHECK(rt.attends > 0 && !rt.failed && !rt.nonfinite && !rt.bad_data,
+                  "%s attention == kv_attend_ref within the f32 bound, %s pos=%s: %d attends, %ld values; worst "
+                  "err/bound %.2g (outputs) %.2g (probabilities); worst err %.2g of A_d, %.2g of p_i; %d non-finite%s%s",
+                  who, TYPES[ti].name, pos, rt.attends, rt.values, rt.worst_out, rt.worst_prob, rt.err_out,
+                  rt.err_prob, rt.nonfinite, *rt.where ? "; " : "", rt.where);
             CHECK(ty.configs == want && ty.nonfinite == 0 && ty.out_err <= tol_out && ty.prob_err <= tol_prob,
                   "%s attention == kv_attend_cpu, %s pos=%s: %d shapes, %d attends; output rel err %.2g (bound %.1g), "
                   "prob abs err %.2g (bound %.1g), %d non-finite%s%s", who, TYPES[ti].name, pos, ty.configs,

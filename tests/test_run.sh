@@ -158,6 +158,12 @@ elif [ -f "$SMOL" ]; then
     got=$(sed -n 's/^run: prompt ids ([0-9]*): //p' "$tmp/err")
     case " $got " in *" 4093 1116 198 19556 2 "*) pass "chat: a turn starting with two newlines is tokenized as one rendered string" ;;
         *) fail "chat: '\\n\\nHello' prompt ids: $got" ;; esac
+    # -d ref: the whole job on kv_attend_ref (attention by its definition) gives the fast path's 64 greedy ids
+    a=$("$RUN" "$SMOL" -t 0 -n 64 -ids -kv sink:32 -i "In 1969, Neil Armstrong" 2>/dev/null)
+    b=$("$RUN" "$SMOL" -t 0 -n 64 -ids -kv sink:32 -d ref -i "In 1969, Neil Armstrong" 2>"$tmp/err")
+    if [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "device ref" "$tmp/err"; then
+        pass "-d ref gives the fast path's 64 greedy ids (sink:32, past its budget)"
+    else fail "-d ref: '$b' vs '$a' ($(tail -c 200 "$tmp/err"))"; fi
     out=$("$RUN" "$SMOL" -m chat -t 0 -n 32 -i "What is the capital of France?" 2>/dev/null)
     if [ "$out" = "The capital of France is Paris." ]; then pass "chat answers in text: $out"; else fail "chat text: '$out'"; fi
     expect_error "prompt longer than -c under full (SmolLM2)" "longer than the context of 4 tokens" \

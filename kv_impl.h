@@ -1,0 +1,50 @@
+/* kv_impl.h: what kv.c (the cache, kv_attend_ref) and attn_cpu.c (the fast CPU attention) share and nothing else
+ * includes: the f32 key and value of a live slot as attention sees them, RoPE on one vector, the per-step cos/sin
+ * table, and the size of the key-panel scratch the cache allocates for attn_cpu.c.
+ * It is not an interface: kv.h is. Keys and values are read here in one place so that the reference and the fast
+ * path cannot disagree on what a stored token means (type, region, position mode).
+ * Dimensions: head_dim, budget (slots per lane). Indices: i rank in a lane's live list, s slot.
+ */
+#ifndef KVLAB_KV_IMPL_H
+#define KVLAB_KV_IMPL_H
+
+#include "kv.h"
+
+/* RoPE of x (head_dim) with a cos, sin table cs (head_dim/2, 2) as kv_rope_cs makes it; pairing per shape (kv.c). */
+void kv_rope_apply(float *x, const KVShape *s, const float *cs);
+/* The cos, sin table of position t, computed once per step and shared by every layer, key and query (kv.c). */
+const float *kv_rope_at(KVCache *c, int t);
+
+/* Keys per work item of attention's score phase (kv_attend_cpu, kv_attend_chunk): small enough to balance the lanes
+ * over the threads, large enough that an item's cost dwarfs handing it out. */
+#define KV_KEY_BLOCK 64
+/* slots per lane of a cache's key panels (ktbuf): its budget rounded up to whole blocks */
+static inline size_t kv_key_panel_slots(int budget) {
+    return (size_t)(budget + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK;
+}
+
+/* The f32 key of the lane's i-th live slot as step 3 sees it: read from the f32 region (slots >= budget - residual)
+ * or decoded from ktype, then, under pos=cache, rotated by its rank i (the table c->rope_cs, = kv_rope_cs(i)); under
+ * pos=orig it was rotated by its position when stored. Returns a pointer into the cache (f32, pos=orig) or x
+ * (head_dim) when it had to be decoded or rotated. Inline: the fast path calls it once per key. */
+static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
+    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
+    const float *k = slot >= Q ? ln->kres + (size_t)(slot - Q) * hd
+                   : c->spec.ktype == KV_F32 ? (const float *)(const void *)(ln->k + (size_t)slot * c->k_bytes) : NULL;
+    if (c->spec.pos == POS_ORIG && k) return k;
+    if (k) memcpy(x, k, (size_t)hd * sizeof(float));
+    else kv_decode(x, c->spec.ktype, ln->k + (size_t)slot * c->k_bytes, hd);
+    if (c->spec.pos == POS_CACHE) kv_rope_apply(x, &c->shape, c->rope_cs + (size_t)i * hd);
+    return x;
+}
+
+/* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
+static inline const float *kv_lane_value(const KVCache *c, const KVLane *ln, int i, float *x) {
+    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
+    if (slot >= Q) return ln->vres + (size_t)(slot - Q) * hd;
+    if (c->spec.vtype == KV_F32) return (const float *)(const void *)(ln->v + (size_t)slot * c->v_bytes);
+    kv_decode(x, c->spec.vtype, ln->v + (size_t)slot * c->v_bytes, hd);
+    return x;
+}
+
+#endif

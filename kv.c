@@ -11,6 +11,7 @@
 #include "kv.h"
 #include "kv_codec.h"
 #include "kv_impl.h"
+#include "util.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -23,14 +24,6 @@
 #include <stdlib.h>
 
 const char *const kv_type_names[KV_NTYPES] = {"f32", "f16", "bf16", "q8", "q4"};
-
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Storage types: the codec (layouts, rounding, error bounds) is kv_codec.h, shared with attn.cu's kernels; here are

@@ -16,6 +16,7 @@ settings=("KVLAB_THREADS_DEFAULT=0" "KVLAB_THREADS_DEFAULT=0 OMP_WAIT_POLICY=pas
           "KVLAB_THREADS_DEFAULT=1")
 names=("OpenMP's default (spin)" "OMP_WAIT_POLICY=passive" "GOMP_SPINCOUNT=10000" "OMP_NUM_THREADS=1"
        "kvlab's default")
+[ -n "${LOADED_ONLY:-}" ] && { settings=("${settings[@]:$LOADED_ONLY:1}"); names=("${names[@]:$LOADED_ONLY:1}"); }
 printf "%-28s %12s %12s %12s\n" "setting (tok/s, median)" "quiet" "1 neighbour" "2 neighbours"
 for i in "${!settings[@]}"; do
     row=()

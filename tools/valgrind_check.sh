@@ -6,6 +6,7 @@
 # tests/fuzz/gen_seeds.py, and stories260K when ../shared/data has it. Prints one PASS/FAIL line per run and ends
 # with "valgrind: N runs clean" or exits non-zero. Usage: tools/valgrind_check.sh (from the repository root or not).
 set -u
+export KVLAB_THREADS_DEFAULT=0   # ./run would exec itself to set its thread defaults; keep valgrind on one process
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind_check: valgrind is not installed (apt-get install valgrind)"; exit 2; }
 B=build/vg; T=$B/tmp

@@ -879,6 +879,20 @@ static char *passkey_text(int n_junk, const int *i_pos, const int *keys, const c
     return b.s;
 }
 
+/* The tokens of text's first `bytes` bytes, BOS included when the model adds one (as the prompt is encoded): the
+ * position where the part of the prompt that starts there begins, for the -o record (every part starts with a space,
+ * where the pre-tokenizer splits, so the count is the same as in the whole prompt). */
+static int prefix_tokens(const Model *m, const char *text, size_t bytes) {
+    char *head = strndup(text, bytes);
+    if (!head) fatal("out of memory");
+    int *ids = NULL;
+    size_t n = 0, cap = 0;
+    encode_append(m, head, m->tokenizer.add_bos, &ids, &n, &cap);
+    free(ids);
+    free(head);
+    return (int)n;
+}
+
 /* What passkey_ask returns besides an answer (a non-negative integer). */
 enum { PK_NO_NUMBER = -1, PK_CACHE_FULL = -2, PK_STOPPED = -3 };
 
@@ -1011,6 +1025,10 @@ int run_passkey(Model *m, const Options *o) {
                     int i_pos = (int)(depths[di] * n_junk + 0.5);
                     const char *name = "";
                     char *text = passkey_text(n_junk, &i_pos, &key, &name, 1, " What is the pass key? The pass key is");
+                    /* where the key sentence and the question start in the prompt as built, in tokens */
+                    const char *kp = strstr(text, " The pass key is"), *qp = strstr(text, " What is the pass key?");
+                    int key_pos = prefix_tokens(m, text, (size_t)(kp - text));
+                    int question_pos = prefix_tokens(m, text, (size_t)(qp - text));
                     int pos = 0;
                     size_t n;
                     long got = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n);
@@ -1021,8 +1039,9 @@ int run_passkey(Model *m, const Options *o) {
                     if (out.fd < 0) continue;
                     line_printf(&ln, "{\"mode\":\"passkey\",\"kv\":\"");
                     line_json_str(&ln, r.cache.spec.text);
-                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,",
-                                r.cache.policy.budget, lens[li], n, depths[di], key);
+                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,"
+                                "\"key_pos\":%d,\"question_pos\":%d,\"fillers\":%d,", r.cache.policy.budget, lens[li], n,
+                                depths[di], key, key_pos, question_pos, n_junk);
                     json_answer(&ln, "answer", got);
                     line_printf(&ln, ",\"correct\":%s,\"answer_text\":\"", got == key ? "true" : "false");
                     line_json_str(&ln, answer);

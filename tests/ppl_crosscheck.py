@@ -129,7 +129,7 @@ def main():
         detail = "; ".join(f"{e[0]} {e[4]:.9g} vs {e[3]:.9g}" for e in errs if not e[1] <= e[2])
         check(ok, f"{kv}: -o span_nll, span_ppl, all_nll, all_ppl" + (", kl, top1, recall, dp, dnll" if kv != "shadow" else "")
               + f" = the tokenlog's means over {len(span)} span / {len(scored)} scored tokens (worst: {worst[0]} "
-              f"|err| {worst[1]:.2g} <= tol {worst[2]:.2g})" + (f": {detail}" if detail else ""))
+              f"|err| {worst[1]:.2g}, tolerance {worst[2]:.2g})" + (f": {detail}" if detail else ""))
 
     for kv in nonzero + zero:
         kls = [x[2]["kl"] for x in per.get(kv, []) if "kl" in x[2]]

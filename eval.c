@@ -149,7 +149,9 @@ typedef struct {
     double kl, top1, dp, dnll;   /* Σ over the span, against the shadow */
     double *recall;         /* (n_layers) Σ over steps and kv heads of attention-mass recall */
     long recall_n;          /* steps counted per layer (× n_kv_heads in the sum) */
-    double cur_nll, cur_kl; /* this token's, for -tokenlog */
+    double cur_nll;         /* this token's NLL, for -tokenlog (NaN when the run scored nothing) */
+    EvalToken cur;          /* this token's figures against the shadow, for -tokenlog (inside the span) */
+    double *cur_recall;     /* (chunk) per token of the current chunk: Σ over layers of its recall, for -tokenlog */
     double seconds;         /* time in this run's forward pass (its share of the lockstep run) */
     KVLog kvlog;            /* -kvlog's writer for this cache */
     IdList view;            /* ppl: the current document's token ids, for the log (not owned) */
@@ -213,6 +215,7 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
         sum += r / group;
     }
     hc->r->recall[l] += sum / G;
+    hc->r->cur_recall[pos - e->pos0] += sum / G;
     if (l == 0) hc->r->recall_n++;
 }
 
@@ -262,7 +265,7 @@ static inline __m256d exp_neg_d4(__m256d x) {
 
 /* log-softmax pieces of a logit vector: max and log Σ exp(x - max), in double; the sum in four partial sums
  * (i ≡ k mod 4 below 4·⌊n/4⌋), folded as (s0 + s1) + (s2 + s3), plus the tail, with or without AVX2. */
-static double logsumexp(const float *x, int n) {
+double eval_logsumexp(const float *x, int n) {
     float mx = x[0];
     for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
     double s[4] = {0, 0, 0, 0}, tail = 0;
@@ -280,8 +283,8 @@ static double logsumexp(const float *x, int n) {
     return mx + log(((s[0] + s[1]) + (s[2] + s[3])) + tail);
 }
 
-/* KL(p ‖ q) for p = softmax(a), q = softmax(b), in nats; summed as logsumexp sums. */
-static double kl_div(const float *a, double lse_a, const float *b, double lse_b, int n) {
+/* KL(p ‖ q) for p = softmax(a), q = softmax(b), in nats; summed as eval_logsumexp sums. */
+double eval_kl_div(const float *a, double lse_a, const float *b, double lse_b, int n) {
     double s[4] = {0, 0, 0, 0}, tail = 0;
     int i = 0;
 #ifdef __AVX2__
@@ -307,6 +310,17 @@ static double kl_div(const float *a, double lse_a, const float *b, double lse_b,
     return kl > 0 ? kl : 0;   /* rounding can leave -1e-17 for identical distributions */
 }
 
+EvalToken eval_token(const float *ref, double lse_ref, const float *x, double lse_x, int y, int n) {
+    EvalToken t;
+    double nll_ref = lse_ref - ref[y];
+    t.nll = lse_x - x[y];
+    t.kl = eval_kl_div(ref, lse_ref, x, lse_x, n);   /* the reference first: KL(p_ref ‖ q) */
+    t.dnll = t.nll - nll_ref;
+    t.dp = exp(-t.nll) - exp(-nll_ref);
+    t.top1 = sample_argmax(x, n) == sample_argmax(ref, n);
+    return t;
+}
+
 static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, const char *spec_text, int ctx, int shadow,
                             int chunk) {
     KVType kvt = o->kvt;
@@ -322,7 +336,8 @@ static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, cons
     if (state_init_chunk(&r->s, &m->config, chunk)) fatal("out of memory");
     if (!strcmp(o->device, "ref")) kv_set_backend(&r->cache, KV_BACKEND_REF);   /* -d ref: the whole job by definition */
     r->recall = calloc((size_t)m->config.n_layers, sizeof(double));
-    if (!r->recall) fatal("out of memory");
+    r->cur_recall = calloc((size_t)chunk, sizeof(double));
+    if (!r->recall || !r->cur_recall) fatal("out of memory");
     r->is_shadow = shadow;
 }
 
@@ -332,6 +347,7 @@ static void policy_run_free(PolicyRun *r) {
     kv_cache_free(&r->cache);
     state_free(&r->s);
     free(r->recall);
+    free(r->cur_recall);
 }
 
 static void note_bytes(PolicyRun *r) {
@@ -392,7 +408,7 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
     double t_start = now_s();
     HookCtx hooks[n_runs];
     int nt_run[n_runs];
-    struct { double lse, kl; int top; } *sc = calloc((size_t)chunk * n_runs, sizeof *sc);   /* (chunk, n_runs) */
+    struct { double lse; EvalToken tok; } *sc = calloc((size_t)chunk * n_runs, sizeof *sc);   /* (chunk, n_runs) */
     if (!sc) fatal("out of memory");
     for (int k = 0; k < n_runs; k++) {
         hooks[k] = (HookCtx){e, &runs[k]};
@@ -413,6 +429,7 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
         for (long t0 = 0; t0 < n_feed && !run_signal; t0 += chunk) {
             int nt = n_feed - t0 < chunk ? (int)(n_feed - t0) : chunk;
             e->pos0 = (int)t0;
+            for (int k = 0; k < n_runs; k++) memset(runs[k].cur_recall, 0, (size_t)nt * sizeof(double));
             /* how many of this chunk's tokens each run takes: the shadow and non-evicting caches stop at -c */
             for (int k = 0; k < n_runs; k++) {
                 PolicyRun *r = &runs[k];
@@ -438,26 +455,27 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                     runs[k].seconds += now_s() - a;
                     note_bytes(&runs[k]);
                 }
-            /* each (token, run) of the chunk scored on its own, in parallel: log-sum-exp and argmax, then KL against
-               the shadow; the sums below stay in token order, so the totals do not depend on the threads */
+            /* each (token, run) of the chunk scored on its own, in parallel: log-sum-exp, then (inside the span) the
+               figures against the shadow; the sums below stay in token order, so the totals do not depend on the
+               threads */
             #pragma omp parallel for schedule(static)
             for (int x = 0; x < nt * n_runs; x++) {
                 int j = x / n_runs, k = x % n_runs;
                 if (j >= nt_run[k]) continue;
-                sc[x].lse = logsumexp(runs[k].s.logits + (size_t)j * V, V);
-                sc[x].top = sample_argmax(runs[k].s.logits + (size_t)j * V, V);
+                sc[x].lse = eval_logsumexp(runs[k].s.logits + (size_t)j * V, V);
             }
             #pragma omp parallel for schedule(static)
             for (int x = 0; x < nt * n_runs; x++) {
                 int j = x / n_runs, k = x % n_runs;
                 if (k == 0 || j >= nt_run[k] || t0 + j >= ctx) continue;
-                sc[x].kl = kl_div(runs[0].s.logits + (size_t)j * V, sc[j * n_runs].lse, runs[k].s.logits + (size_t)j * V,
-                                  sc[x].lse, V);
+                sc[x].tok = eval_token(runs[0].s.logits + (size_t)j * V, sc[j * n_runs].lse,
+                                       runs[k].s.logits + (size_t)j * V, sc[x].lse, tok[t0 + j + 1], V);
             }
             for (int j = 0; j < nt; j++, done++) {
                 long t = t0 + j;
                 int next = tok[t + 1], in_span = t < ctx;
                 double shadow_nll = 0;
+                int L = m->config.n_layers;
                 for (int k = 0; k < n_runs; k++) {
                     PolicyRun *r = &runs[k];
                     r->cur_nll = NAN;
@@ -468,13 +486,13 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                     r->all.nll += nll; r->all.n++;
                     if (r->is_shadow) { shadow_nll = nll; continue; }
                     if (in_span) {
+                        const EvalToken *et = &sc[j * n_runs + k].tok;
                         r->span.nll += nll; r->span.n++;
-                        double kl = sc[j * n_runs + k].kl;
-                        r->cur_kl = kl;
-                        r->kl += kl;
-                        r->top1 += sc[j * n_runs + k].top == sc[j * n_runs].top;
-                        r->dp += exp(-nll) - exp(-shadow_nll);
-                        r->dnll += nll - shadow_nll;
+                        r->cur = *et;
+                        r->kl += et->kl;
+                        r->top1 += et->top1;
+                        r->dp += et->dp;
+                        r->dnll += et->dnll;
                     }
                 }
                 if (in_span) { runs[0].span.nll += shadow_nll; runs[0].span.n++; }
@@ -486,7 +504,9 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                         line_json_str(&tl, r->is_shadow ? "shadow" : r->cache.spec.text);
                         if (isnan(r->cur_nll)) line_printf(&tl, "\",\"nll\":null}");
                         else if (r->is_shadow || !in_span) line_printf(&tl, "\",\"nll\":%.9g}", r->cur_nll);
-                        else line_printf(&tl, "\",\"nll\":%.9g,\"kl\":%.9g}", r->cur_nll, r->cur_kl);
+                        else   /* the per-token terms of the span means of -o: kl, top1, recall (mean over layers) */
+                            line_printf(&tl, "\",\"nll\":%.9g,\"kl\":%.9g,\"top1\":%d,\"recall\":%.9g}", r->cur_nll,
+                                        r->cur.kl, r->cur.top1, r->cur_recall[j] / L);
                     }
                     line_printf(&tl, "]}\n");
                     outfile_line(tokenlog, &tl);
@@ -529,7 +549,7 @@ static int ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                         fatal("'%s' filled up inside a chunk", r->cache.spec.text);
                     for (int j = j0 > first ? j0 : first; j < j0 + nt; j++) {
                         const float *lg = r->s.logits + (size_t)(j - j0) * V;
-                        double nll = logsumexp(lg, V) - lg[tok[j + 1]];
+                        double nll = eval_logsumexp(lg, V) - lg[tok[j + 1]];
                         r->all.nll += nll; r->all.n++;
                         r->span.nll += nll; r->span.n++;
                     }
@@ -862,6 +882,20 @@ static char *passkey_text(int n_junk, const int *i_pos, const int *keys, const c
     return b.s;
 }
 
+/* The tokens of text's first `bytes` bytes, BOS included when the model adds one (as the prompt is encoded): the
+ * position where the part of the prompt that starts there begins, for the -o record (every part starts with a space,
+ * where the pre-tokenizer splits, so the count is the same as in the whole prompt). */
+static int prefix_tokens(const Model *m, const char *text, size_t bytes) {
+    char *head = strndup(text, bytes);
+    if (!head) fatal("out of memory");
+    int *ids = NULL;
+    size_t n = 0, cap = 0;
+    encode_append(m, head, m->tokenizer.add_bos, &ids, &n, &cap);
+    free(ids);
+    free(head);
+    return (int)n;
+}
+
 /* What passkey_ask returns besides an answer (a non-negative integer). */
 enum { PK_NO_NUMBER = -1, PK_CACHE_FULL = -2, PK_STOPPED = -3 };
 
@@ -994,6 +1028,10 @@ int run_passkey(Model *m, const Options *o) {
                     int i_pos = (int)(depths[di] * n_junk + 0.5);
                     const char *name = "";
                     char *text = passkey_text(n_junk, &i_pos, &key, &name, 1, " What is the pass key? The pass key is");
+                    /* where the key sentence and the question start in the prompt as built, in tokens */
+                    const char *kp = strstr(text, " The pass key is"), *qp = strstr(text, " What is the pass key?");
+                    int key_pos = prefix_tokens(m, text, (size_t)(kp - text));
+                    int question_pos = prefix_tokens(m, text, (size_t)(qp - text));
                     int pos = 0;
                     size_t n;
                     long got = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n);
@@ -1004,8 +1042,9 @@ int run_passkey(Model *m, const Options *o) {
                     if (out.fd < 0) continue;
                     line_printf(&ln, "{\"mode\":\"passkey\",\"kv\":\"");
                     line_json_str(&ln, r.cache.spec.text);
-                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,",
-                                r.cache.policy.budget, lens[li], n, depths[di], key);
+                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,"
+                                "\"key_pos\":%d,\"question_pos\":%d,\"fillers\":%d,", r.cache.policy.budget, lens[li], n,
+                                depths[di], key, key_pos, question_pos, n_junk);
                     json_answer(&ln, "answer", got);
                     line_printf(&ln, ",\"correct\":%s,\"answer_text\":\"", got == key ? "true" : "false");
                     line_json_str(&ln, answer);

@@ -15,6 +15,24 @@ int run_passkey(Model *m, const Options *o);
 /* The passkey answer's score: the first run of decimal digits in text as a number (leading zeros dropped, at most 9
  * digits read), or -1 when text has no digit. */
 long passkey_first_integer(const char *text);
+
+/* The per-token figures of the evaluation (docs/DESIGN.md, "Evaluation"), exposed so that tests check them on
+ * hand-made distributions and tools/kl_models.c uses the same code as ./run.
+ * eval_logsumexp: log Σ_i exp(x_i) over n logits, in double (max subtracted first, so no overflow at ±1e38 and no
+ * underflow of the largest term). eval_kl_div: KL(p ‖ q) in nats for p = softmax(a), q = softmax(b), lse_a and lse_b
+ * their eval_logsumexp; never below 0 (rounding can leave -1e-17 for identical rows). */
+double eval_logsumexp(const float *x, int n);
+double eval_kl_div(const float *a, double lse_a, const float *b, double lse_b, int n);
+/* One token, the distribution q = softmax(x) of a policy (or of a second model) against the reference p =
+ * softmax(ref) of the shadow (or of the first model), y the true next token. The direction is KL(p_ref ‖ q). */
+typedef struct {
+    double nll;    /* −log q(y), nats */
+    double kl;     /* KL(p ‖ q), nats */
+    double dnll;   /* −log q(y) + log p(y) */
+    double dp;     /* q(y) − p(y) */
+    int top1;      /* 1 when argmax q = argmax p (each the first index of its largest logit) */
+} EvalToken;
+EvalToken eval_token(const float *ref, double lse_ref, const float *x, double lse_x, int y, int n);
 /* SHA-256 (FIPS 180-4) of data as 64 hex digits and a NUL in hex. */
 void sha256_hex(const void *data, size_t len, char *hex);
 

@@ -485,17 +485,46 @@ static void test_tiny_gguf(int variant) {
     }
     CHECK(all_fail, "tiny%d: every truncated prefix is rejected by gguf_parse (first accepted: %zu of %zu)", variant,
           first_ok, w.len);
-    /* random byte flips in the metadata and tensor infos: no crash, any outcome allowed */
+    /* random byte flips in the metadata and tensor infos. Each outcome is checked: a rejection comes with a message;
+       a copy whose magic was hit is always rejected; a copy that still parses describes only what lies inside the
+       buffer (every tensor's bytes in the data section, n_elems the product of ne, n_bytes its type's size, the data
+       section aligned) and keys inside the buffer. Under the sanitizer build (KVLAB_SANITIZE, make test-debug) it
+       is also the memory-safety test: an out-of-bounds read or a leak aborts the program. */
     uint8_t *copy = malloc(w.len);
-    int parsed = 0;
+    int parsed = 0, rejected = 0, silent = 0, magic_hit = 0, magic_parsed = 0, bad_parse = 0;
     rng_state = 12345;
     for (int it = 0; it < 3000; it++) {
         memcpy(copy, w.p, w.len);
         for (int k = 0; k < 4; k++) copy[rnd() % (w.len < 4096 ? w.len : 4096)] = (uint8_t)rnd();
+        int magic = memcmp(copy, "GGUF", 4) != 0;
+        magic_hit += magic;
         Gguf t;
-        if (gguf_parse(&t, copy, w.len, err, sizeof err) == 0) { parsed++; gguf_free(&t); }
+        err[0] = 0;
+        if (gguf_parse(&t, copy, w.len, err, sizeof err) != 0) {
+            rejected++;
+            silent += err[0] == 0;
+            continue;
+        }
+        parsed++;
+        magic_parsed += magic;
+        int ok = t.data_offset <= w.len && t.alignment && t.data_offset % t.alignment == 0;
+        for (uint64_t i = 0; i < t.n_kv && ok; i++)
+            ok = (const uint8_t *)t.kv[i].key >= copy && (const uint8_t *)t.kv[i].key + t.kv[i].key_len <= copy + w.len;
+        for (uint64_t i = 0; i < t.n_tensors && ok; i++) {
+            const GgufTensor *x = &t.tensors[i];
+            size_t be, bb;
+            uint64_t ne = 1;
+            for (uint32_t d = 0; d < x->n_dims; d++) ne *= x->ne[d];
+            ok = x->data >= copy + t.data_offset && x->n_bytes <= (uint64_t)(copy + w.len - x->data) && ne == x->n_elems &&
+                 export_ggml_type_size(x->type, &be, &bb) == 0 && x->n_elems % be == 0 && x->n_bytes == x->n_elems / be * bb;
+        }
+        bad_parse += !ok;
+        gguf_free(&t);
     }
-    CHECK(1, "tiny%d: 3000 randomly corrupted headers parsed without a crash (%d still parsed)", variant, parsed);
+    CHECK(parsed + rejected == 3000 && rejected > 0 && silent == 0 && magic_hit > 0 && magic_parsed == 0 && bad_parse == 0,
+          "tiny%d: 3000 randomly corrupted headers: %d rejected, each with a message (%d without), all %d with a broken "
+          "magic among them (%d parsed); %d parsed, each within the buffer (%d not)%s", variant, rejected, silent, magic_hit,
+          magic_parsed, parsed, bad_parse, getenv("KVLAB_SANITIZE") ? "; no sanitizer report" : "");
     free(copy);
     free(w.p);
 }

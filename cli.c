@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* The modes, and which flags each one reads: one table (FLAGS) drives the parser, the per-mode check, -h and
@@ -341,6 +342,32 @@ static void threads_default(char **argv) {
     (void)argv;
 }
 
+/* An output file (-o, -tokenlog, -kvlog) must not be an input (the model, a -f file) or another output: writing
+ * would destroy the input (a truncated, mmapped model crashes the run) or interleave two writers' lines. Files are
+ * compared by device and inode, so links and other spellings of one file are caught. */
+static void outputs_check(const Options *o) {
+    const char *out_flag[3] = {"-o", "-tokenlog", "-kvlog"}, *out[3] = {o->out, o->tokenlog, o->kvlog};
+    struct stat so[3], si;
+    int have[3];
+    for (int i = 0; i < 3; i++) have[i] = out[i] && stat(out[i], &so[i]) == 0;
+    for (int i = 0; i < 3; i++) {
+        if (!out[i]) continue;
+        for (int j = 0; j < i; j++)
+            if (out[j] && (!strcmp(out[i], out[j]) || (have[i] && have[j] && so[i].st_dev == so[j].st_dev &&
+                                                          so[i].st_ino == so[j].st_ino)))
+                fatal("%s '%s' and %s '%s' are the same file: give each output its own", out_flag[j], out[j],
+                      out_flag[i], out[i]);
+        if (!have[i]) continue;
+        const char *in[MAX_FILES + 1];
+        int n_in = 0;
+        in[n_in++] = o->model_path;
+        for (int k = 0; k < o->n_files; k++) in[n_in++] = o->files[k];
+        for (int k = 0; k < n_in; k++)
+            if (stat(in[k], &si) == 0 && si.st_dev == so[i].st_dev && si.st_ino == so[i].st_ino)
+                fatal("%s '%s' is the input '%s': writing it would destroy it", out_flag[i], out[i], in[k]);
+    }
+}
+
 int cli_main(int argc, char **argv) {
     threads_default(argv);
     Options o;
@@ -361,6 +388,7 @@ int cli_main(int argc, char **argv) {
     if (!strcmp(o.mode, "detokenize")) { run_detokenize(&m, &o); model_close(&m); return finish_output(); }
     if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
                           o.model_path);
+    outputs_check(&o);
     /* every -kv spec is checked before anything runs or any note is printed */
     for (int k = 0; k < o.n_kv; k++) {
         KVSpec spec;

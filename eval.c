@@ -567,6 +567,8 @@ int run_ppl(Model *m, const Options *o) {
     if (o->n_files == 0) fatal("-m ppl needs text: -f FILE (repeatable, one document each)");
     int chunked = !strcmp(o->ppl_mode, "chunked");
     if (chunked && o->steps_set) fatal("-n is for -ppl-mode stream (chunked mode scores whole chunks)");
+    if (chunked && o->ctx && o->ctx < 4)   /* it scores positions n_ctx/2 .. n_ctx-2 of each chunk */
+        fatal("-ppl-mode chunked -c %d scores no token: use -c 4 or more", o->ctx);
     long max_tokens = o->steps_set ? o->steps : 0;
     if (o->steps_set && max_tokens == 0) fatal("-m ppl -n 0 scores nothing: give the tokens to score, or no -n for all");
     int ctx = o->ctx ? o->ctx : m->config.seq_len;
@@ -734,7 +736,8 @@ static int *bench_tokens(const Model *m, const Options *o, int n, Sha256 *text_s
 
 int run_bench(Model *m, const Options *o) {
     int ctx_max = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
-    int steps = o->steps_set ? (o->steps ? o->steps : 32) : 32;
+    if (o->steps_set && o->steps == 0) fatal("-m bench -n 0 times no decode step: give the steps per context (default 32)");
+    int steps = o->steps_set ? o->steps : 32;
     int n_pol = o->n_kv ? o->n_kv : 1;
     /* context lengths: 128, 512, 2048, ... (x4) up to -c, each leaving room for the decode steps */
     if (ctx_max < steps + 1)
@@ -975,7 +978,9 @@ int run_passkey(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("passkey needs a model with a tokenizer");
     int ctx = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
     int chunk = o->chunk ? o->chunk : 32, n_keys_per_cell = 2;
-    int max_new = o->steps_set && o->steps ? o->steps : 8;
+    if (o->steps_set && o->steps == 0) fatal("-m passkey -n 0 leaves no token to answer with: give the answer's length "
+                                             "(default 8)");
+    int max_new = o->steps_set ? o->steps : 8;
     static const double depths[] = {0.0, 0.25, 0.5, 0.75, 1.0};
     int n_depths = 5, lens[3] = {ctx / 4, ctx / 2, ctx};
     int n_pol = o->n_kv ? o->n_kv : 1;

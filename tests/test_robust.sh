@@ -141,3 +141,13 @@ else fail "KV bytes read per token differ from the formula: $(cat "$tmp/read.jso
 n=$(python3 -c "import json,sys; print([json.loads(l)['all_tokens'] for l in open(sys.argv[1])][1])" "$tmp/full8.jsonl" 2>/dev/null)
 [ $rc -eq 0 ] && [ "$n" = 8 ] && pass "ppl -kv full:8 scores 8 tokens and stops, as full stops at -c" \
     || fail "ppl -kv full:8: rc $rc, $n tokens, $(tail -c 200 "$tmp/err")"
+
+# --- an output that is an input or another output is refused before anything is written ---
+cp "$M" "$tmp/keep.bin"; echo "1 2 3 4 5 6" >"$tmp/in.txt"; ln -sf in.txt "$tmp/in_link.txt"
+one_error "-tokenlog = the model" "is the input" "$RUN" "$tmp/keep.bin" -m ppl -f "$tmp/in.txt" -tokenlog "$tmp/keep.bin"
+one_error "-o = the text (through a link)" "is the input" "$RUN" "$tmp/keep.bin" -m ppl -f "$tmp/in.txt" -o "$tmp/in_link.txt"
+one_error "-tokenlog = -kvlog" "are the same file" "$RUN" "$tmp/keep.bin" -m ppl -f "$tmp/in.txt" -tokenlog "$tmp/x" -kvlog "$tmp/x"
+cmp -s "$M" "$tmp/keep.bin" && [ "$(cat "$tmp/in.txt")" = "1 2 3 4 5 6" ] && pass "the model and the text are untouched" \
+    || fail "an input was changed by a refused run"
+one_error "chunked ppl with -c 1" "scores no token" "$RUN" "$M" -m ppl -f "$tmp/ids40.txt" -ppl-mode chunked -c 1
+one_error "bench -n 0" "no decode step" "$RUN" "$M" -m bench -n 0

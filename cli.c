@@ -39,7 +39,8 @@ static const FlagDef FLAGS[] = {
     {"-t", "T", M_GEN | M_CHAT, "temperature, default 1.0, 0 = greedy"},
     {"-p", "P", M_GEN | M_CHAT, "top-p, default 0.9, in (0,1]"},
     {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY, "seed: sampling (default: fresh each run, printed); passkey: the keys (default 1)"},
-    {"-c", "N", M_CACHE, "context: full's cache and the shadow's length, tokens; default: the trained context"},
+    {"-c", "N", M_CACHE, "context: full's cache and the shadow's length, tokens; default: the trained context "
+                         "(passkey and bench: at most 2048)"},
     {"-y", "TEXT", M_CHAT, "system prompt"},
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},

@@ -1004,6 +1004,7 @@ int run_passkey(Model *m, const Options *o) {
     if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
+    pv.seed = seed;   /* the keys' seed: -s, or 1 */
     Line ln = {0};
     run_job_start();
     fprintf(stderr, "passkey: lengths %d %d %d tokens, depths 0 .25 .5 .75 1, %d keys per cell, seed %llu\n",

@@ -15,7 +15,8 @@ fail() { echo "FAIL $*"; }
 "$EXPORT" --random "$tmp/m.bin" --dim 256 --hidden 512 --layers 4 --heads 8 --kv-heads 4 --vocab 512 --seq 2048 \
     --seed 5 >/dev/null 2>&1 || fail "export --random"
 M=$tmp/m.bin
-python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(2, 512)) for _ in range(2000)))" \
+# 40,000 ids: long enough that no run below ends before its signal on a quiet machine (2,000 took under 0.7 s)
+python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(2, 512)) for _ in range(40000)))" \
     >"$tmp/ids.txt"
 
 # jsonl FILE: every line a JSON object (an empty or absent file counts as zero lines); prints the count
@@ -40,7 +41,7 @@ k=0
 for case in "0.7 16" "2 16" "3.5 1"; do
     set -- $case; after=$1; chunk=$2; k=$((k + 1))
     o=$tmp/p$k.jsonl; t=$tmp/p$k.tok
-    timeout --preserve-status -s INT "$after" "$RUN" "$M" -m ppl -f "$tmp/ids.txt" -c 512 -chunk "$chunk" \
+    timeout --foreground --preserve-status -s INT "$after" "$RUN" "$M" -m ppl -f "$tmp/ids.txt" -c 512 -chunk "$chunk" \
         -kv window:64 -kv sink:64 -kv h2o:64 -o "$o" -tokenlog "$t" >/dev/null 2>"$tmp/err"; rc=$?
     no=$(jsonl "$o" 2>&1); nt=$(jsonl "$t" 2>&1)
     if [ $rc -eq 0 ]; then echo "SKIP ppl SIGINT after ${after}s: the run ended first"; continue; fi
@@ -75,7 +76,7 @@ PY
 done
 
 # SIGTERM: exit 143, records partial
-timeout --preserve-status -s TERM 1 "$RUN" "$M" -m ppl -f "$tmp/ids.txt" -c 512 -chunk 16 -kv window:64 \
+timeout --foreground --preserve-status -s TERM 1 "$RUN" "$M" -m ppl -f "$tmp/ids.txt" -c 512 -chunk 16 -kv window:64 \
     -o "$tmp/term.jsonl" >/dev/null 2>"$tmp/err"; rc=$?
 if [ $rc -eq 143 ] && [ "$(jsonl "$tmp/term.jsonl")" = 2 ] && grep -q '"partial":true' "$tmp/term.jsonl"; then
     pass "ppl SIGTERM: exit 143, 2 whole records marked partial"
@@ -84,7 +85,7 @@ else fail "ppl SIGTERM: rc $rc, $(tail -c 200 "$tmp/err")"; fi
 
 # --- generate with -kvlog, interrupted at two moments ---
 for after in 0.5 1.5; do
-    timeout --preserve-status -s INT "$after" "$RUN" "$M" -ids -i "5 6 7" -t 0 -n 0 -c 100000 -kv window:32 \
+    timeout --foreground --preserve-status -s INT "$after" "$RUN" "$M" -ids -i "5 6 7" -t 0 -n 0 -c 100000 -kv window:32 \
         -kvlog "$tmp/g.kvlog" >"$tmp/out" 2>"$tmp/err"; rc=$?
     nk=$(jsonl "$tmp/g.kvlog" 2>&1)
     if [ $rc -eq 130 ] && [[ "$nk" =~ ^[0-9]+$ ]] && grep -q "SIGINT: generation stopped" "$tmp/err" \
@@ -95,7 +96,7 @@ for after in 0.5 1.5; do
 done
 
 # --- bench ---
-timeout --preserve-status -s INT 2 "$RUN" "$M" -m bench -c 2048 -n 64 -kv full -kv window:64 -o "$tmp/b.jsonl" \
+timeout --foreground --preserve-status -s INT 2 "$RUN" "$M" -m bench -c 16384 -n 512 -kv full -kv window:64 -o "$tmp/b.jsonl" \
     >/dev/null 2>"$tmp/err"; rc=$?
 nb=$(jsonl "$tmp/b.jsonl" 2>&1)
 if [ $rc -eq 130 ] && [[ "$nb" =~ ^[0-9]+$ ]] && grep -q "bench: stopped by SIGINT" "$tmp/err"; then
@@ -106,7 +107,7 @@ else fail "bench, SIGINT: rc $rc, -o: $nb, $(tail -c 300 "$tmp/err")"; fi
 # --- passkey (needs a tokenizer: SmolLM2) ---
 if [ -f "$SMOL" ] && [ -z "${KVLAB_SANITIZE:-}" ]; then
     for after in 4 12; do
-        timeout --preserve-status -s INT "$after" "$RUN" "$SMOL" -m passkey -c 512 -kv window:64 -kv sink:64 \
+        timeout --foreground --preserve-status -s INT "$after" "$RUN" "$SMOL" -m passkey -c 512 -kv window:64 -kv sink:64 \
             -o "$tmp/pk$after.jsonl" >/dev/null 2>"$tmp/err"; rc=$?
         np=$(jsonl "$tmp/pk$after.jsonl" 2>&1)
         if [ $rc -eq 130 ] && [[ "$np" =~ ^[0-9]+$ ]] && grep -q "passkey: stopped by SIGINT" "$tmp/err"; then

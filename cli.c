@@ -351,6 +351,10 @@ static void outputs_check(const Options *o) {
     struct stat so[3], si;
     int have[3];
     for (int i = 0; i < 3; i++) have[i] = out[i] && stat(out[i], &so[i]) == 0;
+    const char *in[MAX_FILES + 1];
+    int n_in = 0;
+    in[n_in++] = o->model_path;
+    for (int k = 0; k < o->n_files; k++) in[n_in++] = o->files[k];
     for (int i = 0; i < 3; i++) {
         if (!out[i]) continue;
         for (int j = 0; j < i; j++)
@@ -359,10 +363,6 @@ static void outputs_check(const Options *o) {
                 fatal("%s '%s' and %s '%s' are the same file: give each output its own", out_flag[j], out[j],
                       out_flag[i], out[i]);
         if (!have[i]) continue;
-        const char *in[MAX_FILES + 1];
-        int n_in = 0;
-        in[n_in++] = o->model_path;
-        for (int k = 0; k < o->n_files; k++) in[n_in++] = o->files[k];
         for (int k = 0; k < n_in; k++)
             if (stat(in[k], &si) == 0 && si.st_dev == so[i].st_dev && si.st_ino == so[i].st_ino)
                 fatal("%s '%s' is the input '%s': writing it would destroy it", out_flag[i], out[i], in[k]);

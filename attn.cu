@@ -618,6 +618,15 @@ static int geo_of(Geo *g, const KVCache *c, char *err, size_t errlen) {
     g->tps = plan_tps(g->hd);
     g->ept = g->tps ? g->hd / g->tps : 0;
     g->scale = 1.0f / sqrtf((float)g->hd);
+    const KVPolicyOps *ops = c->policy.ops;
+    int ragged = 0;
+    for (int i = 0; i < g->n_lanes; i++) ragged |= c->lanes[i].cap != c->budget;
+    if (c->n_bands > 2 || (c->n_bands == 2 && !c->residual) || ops->merge || ops->select || ragged) {
+        snprintf(err, errlen, "'%s' is not on the CUDA path yet: the mirror takes one precision band or an f32 "
+                 "residual over one type, evicting policies and equal lanes (no prec= beyond that, no merging or "
+                 "selection policy, no ragged budgets); run it with -d cpu", c->spec.text);
+        return -1;
+    }
     if (!g->tps || g->hd > 512) {
         snprintf(err, errlen, "head_dim %d is not one the CUDA kernels take (even, at most 16 elements per thread "
                  "with up to 32 threads per vector)", g->hd);
@@ -866,10 +875,10 @@ static int mirror_upload_existing(AttnDevice *d, const KVCache *c) {
         for (int i = 0; i < ln->n_live; i++) {
             int s = ln->live[i], ty;
             uint8_t *kd = (uint8_t *)slot_vec(d->b.k, g, lane, s, g->k_bytes, &ty, g->ktype);
-            const uint8_t *ks = s < g->Q ? ln->k + (size_t)s * g->k_bytes : (const uint8_t *)(ln->kres + (size_t)(s - g->Q) * g->hd);
+            const uint8_t *ks = kv_slot_k(c, ln, s);
             size_t kn = s < g->Q ? (size_t)g->k_bytes : (size_t)g->hd * 4;
             uint8_t *vd = (uint8_t *)slot_vec(d->b.v, g, lane, s, g->v_bytes, &ty, g->vtype);
-            const uint8_t *vs = s < g->Q ? ln->v + (size_t)s * g->v_bytes : (const uint8_t *)(ln->vres + (size_t)(s - g->Q) * g->hd);
+            const uint8_t *vs = kv_slot_v(c, ln, s);
             size_t vn = s < g->Q ? (size_t)g->v_bytes : (size_t)g->hd * 4;
 #ifdef __CUDACC__
             if (!d->on_host) {
@@ -996,8 +1005,7 @@ int attn_mirror_check_bytes(const KVCache *c, double key_tol, char *err, size_t 
                 const uint8_t *base = kv ? hv : hk;
                 int bytes = kv ? g->v_bytes : g->k_bytes;
                 const uint8_t *m = slot_vec(base, g, lane, s, bytes, &ty, kv ? g->vtype : g->ktype);
-                const uint8_t *h = s < g->Q ? (kv ? ln->v : ln->k) + (size_t)s * bytes
-                                            : (const uint8_t *)((kv ? ln->vres : ln->kres) + (size_t)(s - g->Q) * g->hd);
+                const uint8_t *h = kv ? kv_slot_v(c, ln, s) : kv_slot_k(c, ln, s);
                 size_t n = s < g->Q ? (size_t)bytes : (size_t)g->hd * 4;
                 if (kv == 0 && key_tol > 0 && memcmp(m, h, n)) {   /* keys within key_tol of the vector's max */
                     double mx = 0, e = 0;
@@ -1102,7 +1110,7 @@ void attn_dev_detach(KVCache *c) { attn_mirror_detach(c); }
 
 void attn_dev_attend(KVCache *c, float *out, int l, int t, const float *q, int want_probs) {
     const KVPolicyOps *ops = c->policy.ops;
-    int probs = want_probs || ops->on_attend || ops->prune || ops->on_layer_done;
+    int probs = want_probs || ops->observe || ops->prune || ops->on_layer_done;
     mirror_attend((AttnDevice *)c->device, c, out, probs ? c->scores : NULL, l, t, q);
     kv_attend_policy(c, l, t);
 }

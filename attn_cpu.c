@@ -263,6 +263,7 @@ static void softmax_inplace(float *x, int n) {
  * At long contexts decode attention is bound by reading the cache (f32 SmolLM2 at 2,048 tokens: 92 MiB per token),
  * so every phase reads each key and value once. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
+    if (c->policy.ops->select) { kv_attend_select(c, out, l, t, q); return; }
     const KVShape *s = &c->shape;
     int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, group = nh / n_kv, budget = c->budget;
     float scale = 1.0f / sqrtf((float)hd);
@@ -334,14 +335,17 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
 #define KV_CHUNK_SCRATCH (64u << 20)
 
 /* How many of the next tokens of layer l can attend as one chunk: every lane has room for them (no step-1
- * eviction), the policy never frees slots at step 4 (no prune), there is no residual region (its tokens move into
- * the typed region, which changes their bits) and attention runs on the CPU's fast backend (the reference goes token
+ * eviction), the policy never frees or merges slots (no prune, no merge) nor selects, there is one precision band
+ * (a token recoded into the next band changes its bits) and attention runs on the CPU's fast backend (the reference goes token
  * by token). 0 when none can. */
 static int chunk_room(const KVCache *c, int l) {
-    if (c->device || c->residual || c->policy.ops->prune || c->backend == KV_BACKEND_REF) return 0;
+    const KVPolicyOps *ops = c->policy.ops;
+    if (c->device || c->n_bands > 1 || ops->prune || ops->merge || ops->select || c->backend == KV_BACKEND_REF)
+        return 0;
     int room = c->budget;
     for (int g = 0; g < c->shape.n_kv_heads; g++) {
-        int r = c->budget - c->lanes[l * c->shape.n_kv_heads + g].n_live;
+        const KVLane *ln = &c->lanes[l * c->shape.n_kv_heads + g];
+        int r = ln->cap - ln->n_live;
         room = r < room ? r : room;
     }
     return room;

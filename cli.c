@@ -118,13 +118,16 @@ void usage_policies(FILE *f) {
                "cache, e.g. 64MiB):\n");
     for (int i = 0; kv_policy_at(i); i++) {
         const KVPolicyOps *p = kv_policy_at(i);
-        fprintf(f, "\n  %s%s\n    %s\n    keys: %s\n    example: %s\n    source: %s\n", p->name,
-                p->needs_budget ? ":BUDGET" : "", p->summary, *p->options ? p->options : "none of its own", p->example,
-                p->paper);
+        fprintf(f, "\n  %s%s  (%s)\n    %s\n    keys: %s\n    example: %s\n    source: %s\n", p->name,
+                p->needs_budget ? ":BUDGET" : "", p->family, p->summary, *p->options ? p->options : "none of its own",
+                p->example, p->paper);
     }
     fprintf(f, "\nkeys every policy takes:\n"
                "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4\n"
                "  residual=R                the R newest tokens of a lane kept in f32 (KIVI's residual), default 0\n"
+               "  prec=T:N/T:N/.../T        precision by age, newest first: prec=f32:64/q8:512/q4 keeps a lane's 64\n"
+               "                            newest tokens in f32, the next 512 in q8, the rest in q4 (instead of type=\n"
+               "                            and residual=; residual=R with type=T is prec=f32:R/T)\n"
                "  pos=orig|cache            RoPE by original position (default) or by rank in the cache (StreamingLLM)\n"
                "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n");
 }

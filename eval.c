@@ -165,6 +165,7 @@ typedef struct {
     float *shadow_prob;     /* (chunk, n_heads, ctx) the shadow's attention probabilities at the current layer */
     int ctx;
     int pos0;               /* position of the chunk's first token */
+    int *spans;             /* (2 * the largest budget) scratch of kv_lane_read */
 } EvalCtx;
 
 typedef struct { EvalCtx *e; PolicyRun *r; } HookCtx;
@@ -190,6 +191,22 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     int H = c->shape.n_heads, G = c->shape.n_kv_heads, group = H / G;
     const float *sp = e->shadow_prob + (size_t)(pos - e->pos0) * H * e->ctx;
     double sum = 0;
+    if (c->merges || c->policy.ops->select) {   /* what the query read, as position ranges (kv_lane_read) */
+        for (int g = 0; g < G; g++) {
+            int n = kv_lane_read(c, l, g, e->spans, c->budget);
+            double r = 0;
+            for (int hh = 0; hh < group; hh++) {
+                const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
+                for (int j = 0; j < n; j++)
+                    for (int p = e->spans[2 * j]; p <= e->spans[2 * j + 1]; p++) r += ph[p];
+            }
+            sum += r / group;
+        }
+        hc->r->recall[l] += sum / G;
+        hc->r->cur_recall[pos - e->pos0] += sum / G;
+        if (l == 0) hc->r->recall_n++;
+        return;
+    }
     for (int g = 0; g < G; g++) {
         const KVLane *ln = &c->lanes[l * G + g];
         double r = 0;
@@ -602,10 +619,13 @@ int run_ppl(Model *m, const Options *o) {
                 chunk = 1;
                 break;
             }
-    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx, 0};
+    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx, 0, NULL};
     if (!chunked) {
+        int most = 0;
+        for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;
         e.shadow_prob = calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float));
-        if (!e.shadow_prob) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
+        e.spans = calloc((size_t)2 * most, sizeof(int));
+        if (!e.shadow_prob || !e.spans) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
     }
     OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->tokenlog) outfile_open(&tokenlog, "-tokenlog", o->tokenlog, 0);
@@ -692,6 +712,7 @@ int run_ppl(Model *m, const Options *o) {
     for (int k = 0; k < n_runs; k++) policy_run_free(&runs[k]);
     free(runs);
     free(e.shadow_prob);
+    free(e.spans);
     for (int d = 0; d < o->n_files; d++) free(docs[d].ids);
     return run_signal ? 128 + run_signal : 0;
 }

@@ -1,11 +1,13 @@
-/* kv.c: the KV cache (lanes of slots, storage types, the f32 residual, RoPE by position mode), its memory
- * accounting, the -kv spec parser, steps 1-2 (kv_append), step 3's definition (kv_attend_ref, the reference every
- * other attention path is checked against) and step 4 (kv_attend_policy).
- * It knows no policy: eviction decisions come through the KVPolicyOps table (kv.h, policies.c).
+/* kv.c: the KV cache (lanes of slots, storage types, precision bands by age, RoPE by position mode), its memory
+ * accounting, the -kv spec parser, steps 1-2 (kv_append: merge, evict, recode, store), step 3's definition
+ * (kv_attend_ref, the reference every other attention path is checked against; kv_attend_select for selection
+ * policies) and step 4 (kv_attend_policy), clone/restore.
+ * It knows no policy: decisions come as verbs (evict, merge, select) through the KVPolicyOps table (kv.h,
+ * policies.c), and kv.c carries them out.
  * It deliberately holds no fast attention: attn_cpu.c has the CPU one (kv_attend_cpu, kv_attend_chunk), attn.cu the
  * CUDA one; and it does not batch several sequences: one stream per cache.
  *
- * Dimensions: n_layers, n_heads, n_kv_heads, head_dim, budget (slots per lane), R (residual slots per lane).
+ * Dimensions: n_layers, n_heads, n_kv_heads, head_dim, cap (slots of a lane), budget (the most of any lane).
  * Indices: l layer, h query head, g kv head, t position, s slot, i rank in a lane's live list.
  */
 #include "kv.h"
@@ -150,7 +152,47 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
 }
 
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4"
-#define COMMON_KEYS "type, ktype, vtype, residual, pos, agg"
+#define COMMON_KEYS "type, ktype, vtype, residual, prec, pos, agg"
+
+/* prec=T0:N0/T1:N1/.../TL: the precision bands, newest first; every band but the last gives its slots. 0, or -1 +
+ * message. */
+static int parse_prec(KVSpec *sp, const char *val, const char *text, char *err, size_t errlen) {
+    char buf[64];
+    if (strlen(val) >= sizeof buf) return errorf(err, errlen, "prec=%s in '%s' is too long", val, text);
+    strcpy(buf, val);
+    int n = 0;
+    char *save = NULL;
+    for (char *part = strtok_r(buf, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
+        if (n == KV_MAX_BANDS)
+            return errorf(err, errlen, "prec=%s in '%s' has more than %d bands", val, text, KV_MAX_BANDS);
+        char *colon = strchr(part, ':');
+        if (colon) *colon = 0;
+        int ty = kv_type_parse(part);
+        if (ty < 0) return errorf(err, errlen, "unknown storage type '%s' in prec=%s ('%s'); types: " TYPE_CHOICES,
+                                  part, val, text);
+        sp->prec_type[n] = (KVType)ty;
+        sp->prec_slots[n] = 0;
+        if (colon) {
+            char *end;
+            long x = strtol(colon + 1, &end, 10);
+            if (end == colon + 1 || *end || x < 1 || x > 1 << 24)
+                return errorf(err, errlen, "bad band '%s:%s' in prec=%s ('%s'): TYPE:TOKENS with tokens >= 1", part,
+                              colon + 1, val, text);
+            sp->prec_slots[n] = (int)x;
+        }
+        n++;
+    }
+    if (n == 0 || val[0] == '/' || val[strlen(val) - 1] == '/' || strstr(val, "//"))
+        return errorf(err, errlen, "bad prec=%s in '%s': TYPE:TOKENS/.../TYPE, newest first, e.g. prec=f32:64/q8:512/q4",
+                      val, text);
+    for (int b = 0; b < n; b++)
+        if ((b < n - 1) != (sp->prec_slots[b] > 0))
+            return errorf(err, errlen, "bad prec=%s in '%s': every band but the last gives its tokens (TYPE:TOKENS), "
+                          "the last takes the rest (TYPE), e.g. prec=f32:64/q8:512/q4", val, text);
+    sp->n_prec = n;
+    sp->ktype = sp->vtype = sp->prec_type[n - 1];
+    return 0;
+}
 
 int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, size_t errlen) {
     memset(sp, 0, sizeof *sp);
@@ -183,7 +225,7 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
         return errorf(err, errlen, "budget 0 in '%s': a lane needs at least one slot; give tokens per lane (1024) "
                       "or bytes for the whole cache (64MiB)", text);
     /* each common key once; type= and ktype=/vtype= exclude each other in either order */
-    int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0;
+    int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0, seen_prec = 0;
     while ((part = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(part, '=');
         if (!eq || eq == part || !eq[1])
@@ -196,6 +238,8 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
             if (ty < 0) return errorf(err, errlen, "unknown storage type %s=%s in '%s'; types: " TYPE_CHOICES,
                                       key, val, text);
             int bit = key[0] == 't' ? 4 : key[0] == 'k' ? 1 : 2;
+            if (seen_prec)
+                return errorf(err, errlen, "'%s' conflicts with prec= in '%s': prec= gives every band's type", key, text);
             if ((bit == 4 && seen_kv) || (bit != 4 && seen_type))
                 return errorf(err, errlen, "'%s' conflicts with type= in '%s': give type= or ktype=/vtype=", key, text);
             if (seen_kv & bit) return errorf(err, errlen, "option '%s' given twice in '%s'", key, text);
@@ -207,8 +251,18 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
             long r = strtol(val, &end, 10);
             if (*end || end == val || r < 0 || r > 1 << 24)
                 return errorf(err, errlen, "bad residual=%s in '%s': a token count >= 0", val, text);
+            if (seen_prec)
+                return errorf(err, errlen, "residual= conflicts with prec= in '%s': residual=R with type=T is "
+                              "prec=f32:R/T", text);
             sp->residual = (int)r;
             seen = &seen_res;
+        } else if (!strcmp(key, "prec")) {
+            if (seen_type || seen_kv || seen_res)
+                return errorf(err, errlen, "prec= conflicts with type=, ktype=, vtype= and residual= in '%s': prec= "
+                              "gives every band's type (residual=R with type=T is prec=f32:R/T)", text);
+            if (seen_prec) return errorf(err, errlen, "option 'prec' given twice in '%s'", text);
+            if (parse_prec(sp, val, text, err, errlen)) return -1;
+            seen_prec = 1;
         } else if (!strcmp(key, "pos")) {
             if (!strcmp(val, "orig")) sp->pos = POS_ORIG;
             else if (!strcmp(val, "cache")) sp->pos = POS_CACHE;
@@ -251,60 +305,103 @@ const char *kv_spec_get(KVSpec *sp, const char *key) {
 
 int kv_spec_check_mode(const KVSpec *sp, const char *mode, char *err, size_t errlen) {
     const KVPolicyOps *ops = kv_policy_find(sp->name);
-    if (ops && ops->prompt_end && !strcmp(mode, "ppl") && !kv_spec_value(sp, "prefill"))
-        return errorf(err, errlen, "'%s' in ppl mode needs prefill=P, the number of tokens after which %s "
-                      "compresses (ppl has no prompt), e.g. %s,prefill=1024", sp->text, sp->name, sp->text);
-    return 0;
+    return ops && ops->check_mode ? ops->check_mode(sp, mode, err, errlen) : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Layout and accounting. One formula serves kv_alloc_bytes_for, kv_cache_init and kv_bytes.
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* Slots in the f32 region: the residual, or none when both types are f32 already (the region would change nothing). */
-static int residual_slots(const KVSpec *sp, int slots) {
-    if (sp->ktype == KV_F32 && sp->vtype == KV_F32) return 0;
-    return sp->residual < slots ? sp->residual : slots;
+/* A cache's precision bands from its spec, newest first: prec= as given, or residual=R over the storage type (two
+ * bands, none when the type is f32 already: the band would change nothing), or one band; adjacent bands of the same
+ * form become one. want[b]: the slots band b asks for, the last band 0 (the rest). Returns the number of bands. */
+static int spec_bands(const KVSpec *sp, KVType *kt, KVType *vt, int *want) {
+    int n = 0;
+    KVType k[KV_MAX_BANDS], v[KV_MAX_BANDS];
+    int w[KV_MAX_BANDS];
+    if (sp->n_prec)
+        for (int b = 0; b < sp->n_prec; b++) { k[b] = v[b] = sp->prec_type[b]; w[b] = sp->prec_slots[b]; }
+    if (sp->n_prec) n = sp->n_prec;
+    else if (sp->residual > 0 && !(sp->ktype == KV_F32 && sp->vtype == KV_F32)) {
+        k[0] = v[0] = KV_F32; w[0] = sp->residual;
+        k[1] = sp->ktype; v[1] = sp->vtype; w[1] = 0;
+        n = 2;
+    } else { k[0] = sp->ktype; v[0] = sp->vtype; w[0] = 0; n = 1; }
+    int m = 0;
+    for (int b = 0; b < n; b++) {
+        if (m && k[b] == kt[m - 1] && v[b] == vt[m - 1]) { want[m - 1] = w[b] ? want[m - 1] + w[b] : 0; continue; }
+        kt[m] = k[b]; vt[m] = v[b]; want[m] = w[b]; m++;
+    }
+    return m;
 }
 
-/* Per-slot bytes other than vectors: position (int32), one live-list and one free-list entry (int), policy meta. */
-static size_t slot_meta_bytes(size_t policy_meta) { return sizeof(int32_t) + 2 * sizeof(int) + policy_meta; }
+/* The slots of each band in a lane of cap slots: the wants newest first, clipped, the last band the rest. */
+static void band_sizes(int n_bands, const int *want, int cap, int *slots) {
+    int left = cap;
+    for (int b = 0; b < n_bands; b++) {
+        int s = b == n_bands - 1 ? left : want[b] < left ? want[b] : left;
+        slots[b] = s;
+        left -= s;
+    }
+}
 
-static size_t f32_vec_pair_bytes(int head_dim) { return 2 * (size_t)head_dim * sizeof(float); }
+/* Per-slot bytes other than vectors: position (int32; a second, pos0, when the policy merges), one live-list and one
+ * free-list entry (int), policy meta. */
+static size_t slot_meta_bytes(size_t policy_meta, int merges) {
+    return (merges ? 2 : 1) * sizeof(int32_t) + 2 * sizeof(int) + policy_meta;
+}
+
+/* Allocated bytes of one lane of cap slots. */
+static size_t lane_alloc_bytes(int n_bands, const int *want, const size_t *kb, const size_t *vb, int cap,
+                               size_t slot_meta) {
+    int slots[KV_MAX_BANDS];
+    band_sizes(n_bands, want, cap, slots);
+    size_t bytes = (size_t)cap * slot_meta;
+    for (int b = 0; b < n_bands; b++) bytes += (size_t)slots[b] * (kb[b] + vb[b]);
+    return bytes;
+}
 
 size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps *ops, int budget) {
-    int slots = ops && ops->grows ? s->seq_len : budget, R = residual_slots(sp, slots);
+    int slots = ops && ops->grows ? s->seq_len : budget, want[KV_MAX_BANDS];
+    KVType kt[KV_MAX_BANDS], vt[KV_MAX_BANDS];
+    size_t kb[KV_MAX_BANDS], vb[KV_MAX_BANDS];
+    int nb = spec_bands(sp, kt, vt, want);
+    for (int b = 0; b < nb; b++) { kb[b] = kv_vector_bytes(kt[b], s->head_dim); vb[b] = kv_vector_bytes(vt[b], s->head_dim); }
     size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
-    size_t typed = kv_vector_bytes(sp->ktype, s->head_dim) + kv_vector_bytes(sp->vtype, s->head_dim);
-    size_t lane = (size_t)(slots - R) * typed + (size_t)R * f32_vec_pair_bytes(s->head_dim)
-                  + (size_t)slots * slot_meta_bytes(pol);
+    size_t lane = lane_alloc_bytes(nb, want, kb, vb, slots, slot_meta_bytes(pol, ops && ops->merge));
     return (size_t)s->n_layers * s->n_kv_heads * lane;
 }
 
+static size_t band_pair_bytes(const KVCache *c, int b) { return c->band_kb[b] + c->band_vb[b]; }
+
 static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     KVBytes b = {0};
-    int R = c->residual, live_r = R - ln->n_free_r, live_q = ln->n_live - live_r;
-    size_t f32p = f32_vec_pair_bytes(c->shape.head_dim), meta = slot_meta_bytes(c->meta_bytes);
-    b.vec_alloc = (size_t)(c->budget - R) * (c->k_bytes + c->v_bytes) + (size_t)R * f32p;
-    b.vec_live = (size_t)live_q * (c->k_bytes + c->v_bytes) + (size_t)live_r * f32p;
-    b.meta_alloc = (size_t)c->budget * meta;
+    size_t meta = slot_meta_bytes(c->meta_bytes, c->merges);
+    for (int x = 0; x < c->n_bands; x++) {
+        b.vec_alloc += (size_t)ln->band_slots[x] * band_pair_bytes(c, x);
+        b.vec_live += (size_t)(ln->band_slots[x] - ln->n_free[x]) * band_pair_bytes(c, x);
+    }
+    b.meta_alloc = (size_t)ln->cap * meta;
     b.meta_live = (size_t)ln->n_live * meta;
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
-    /* bytes per element: f32 4, f16/bf16 2, q8 1, q4 0.5; computed in eighths to stay integral */
+    /* bytes per element of the base (last band's) types: f32 4, f16/bf16 2, q8 1, q4 0.5; in eighths, integral */
     static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4};
-    b.formula_alloc = (size_t)c->shape.head_dim * c->budget * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
+    b.formula_alloc = (size_t)c->shape.head_dim * ln->cap * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
     return b;
 }
 
 KVBytes kv_lane_bytes(const KVCache *c, int l, int g) {
     const KVLane *ln = &c->lanes[l * c->shape.n_kv_heads + g];
     KVBytes b = lane_bytes(c, ln);
-    /* the lane's peak in bytes: its peak slots, newest first in the f32 region */
-    int R = c->residual, pr = ln->peak_live < R ? ln->peak_live : R;
-    b.peak_live = (size_t)(ln->peak_live - pr) * (c->k_bytes + c->v_bytes)
-                  + (size_t)pr * f32_vec_pair_bytes(c->shape.head_dim)
-                  + (size_t)ln->peak_live * slot_meta_bytes(c->meta_bytes);
+    /* the lane's peak in bytes: its peak slots, filling the bands newest first */
+    int left = ln->peak_live;
+    b.peak_live = (size_t)ln->peak_live * slot_meta_bytes(c->meta_bytes, c->merges);
+    for (int x = 0; x < c->n_bands; x++) {
+        int s = left < ln->band_slots[x] ? left : ln->band_slots[x];
+        b.peak_live += (size_t)s * band_pair_bytes(c, x);
+        left -= s;
+    }
     return b;
 }
 
@@ -323,12 +420,10 @@ KVBytes kv_bytes(const KVCache *c) {
     return b;
 }
 
-/* Bytes of one live token: its vectors (typed or f32 region) and its per-slot metadata. */
-static size_t token_bytes(const KVCache *c, int f32_region) {
-    return (f32_region ? f32_vec_pair_bytes(c->shape.head_dim) : c->k_bytes + c->v_bytes)
-           + slot_meta_bytes(c->meta_bytes);
+/* Bytes of one live token in band b: its vectors and its per-slot metadata. */
+static size_t token_bytes(const KVCache *c, int b) {
+    return band_pair_bytes(c, b) + slot_meta_bytes(c->meta_bytes, c->merges);
 }
-
 
 /* ---------------------------------------------------------------------------------------------------------------
  * The cache
@@ -336,7 +431,37 @@ static size_t token_bytes(const KVCache *c, int f32_region) {
 
 static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
+/* The arena bytes of one lane of cap slots, each array 16-byte aligned (the padding is not cache memory and is not
+ * counted). With `base`, the lane's arrays are carved from it as well. */
+static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
+    int hd = c->shape.head_dim, slots[KV_MAX_BANDS];
+    (void)hd;
+    band_sizes(c->n_bands, c->band_want, cap, slots);
+    size_t off = 0;
+#define CARVE(ptr, type, bytes) do { if (base) (ptr) = (type)(void *)(base + off); off += align16(bytes); } while (0)
+    if (base) { ln->cap = cap; ln->pos0 = NULL; }
+    CARVE(ln->pos, int32_t *, (size_t)cap * sizeof(int32_t));
+    CARVE(ln->live, int *, (size_t)cap * sizeof(int));
+    if (c->merges) CARVE(ln->pos0, int32_t *, (size_t)cap * sizeof(int32_t));
+    CARVE(ln->meta, uint8_t *, (size_t)cap * c->meta_bytes);
+    int first = cap;
+    for (int b = 0; b < c->n_bands; b++) {
+        first -= slots[b];
+        if (base) { ln->band_first[b] = first; ln->band_slots[b] = slots[b]; }
+        CARVE(ln->free[b], int *, (size_t)slots[b] * sizeof(int));
+        CARVE(ln->k[b], uint8_t *, (size_t)slots[b] * c->band_kb[b]);
+        CARVE(ln->v[b], uint8_t *, (size_t)slots[b] * c->band_vb[b]);
+    }
+#undef CARVE
+    return off;
+}
+
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen) {
+    return kv_cache_init_lanes(c, shape, spec, NULL, err, errlen);
+}
+
+int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, char *err,
+                        size_t errlen) {
     memset(c, 0, sizeof *c);
     c->shape = *shape;
     c->spec = *spec;
@@ -349,6 +474,11 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
         return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", shape->head_dim);
     int budget = spec->budget;
     if (spec->budget_bytes) {
+        if (ops->select)
+            return errorf(err, errlen, "'%s': %s stores every token up to the context (-c) and its budget is the "
+                          "tokens one query reads, so a byte budget does not set its size (that needs a fast memory "
+                          "tier, fast=, not built yet); give it in tokens (%s:256)", spec->text, spec->name,
+                          spec->name);
         if (ops->grows)
             return errorf(err, errlen, "'%s': %s's lanes grow to the context (-c) after its compression, so a byte "
                           "budget does not set its size; give its budget in tokens (%s:1024)", spec->text,
@@ -373,15 +503,36 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     if (spec->residual > budget)
         return errorf(err, errlen, "residual=%d in '%s' exceeds the budget of %d tokens (residual tokens are part of "
                       "it)", spec->residual, spec->text, budget);
-    c->budget = ops->grows ? (shape->seq_len > budget ? shape->seq_len : budget) : budget;
-    c->residual = residual_slots(spec, c->budget);
+    int n_lanes = shape->n_layers * shape->n_kv_heads;
+    int slots = ops->grows ? (shape->seq_len > budget ? shape->seq_len : budget) : budget;
+    c->budget = slots;
+    if (caps) {
+        c->budget = 0;
+        for (int i = 0; i < n_lanes; i++) {
+            if (caps[i] < 1) return errorf(err, errlen, "'%s': lane %d is given %d slots; every lane needs one",
+                                           spec->text, i, caps[i]);
+            c->budget = caps[i] > c->budget ? caps[i] : c->budget;
+        }
+    }
+    c->n_bands = spec_bands(spec, c->band_ktype, c->band_vtype, c->band_want);
+    for (int b = 0; b < c->n_bands; b++) {
+        c->band_kb[b] = kv_vector_bytes(c->band_ktype[b], shape->head_dim);
+        c->band_vb[b] = kv_vector_bytes(c->band_vtype[b], shape->head_dim);
+    }
+    c->spec.ktype = c->band_ktype[c->n_bands - 1];   /* the base type (prec='s last band) */
+    c->spec.vtype = c->band_vtype[c->n_bands - 1];
+    c->residual = c->n_bands == 2 && c->band_ktype[0] == KV_F32 && c->band_vtype[0] == KV_F32
+                  ? (c->band_want[0] < c->budget ? c->band_want[0] : c->budget) : 0;
+    c->merges = ops->merge != NULL;
     c->policy.ops = ops;
     c->policy.spec = &c->spec;
     c->policy.budget = budget;
-    c->policy.n_lanes = shape->n_layers * shape->n_kv_heads;
+    c->policy.n_lanes = n_lanes;
     c->policy.n_kv_heads = shape->n_kv_heads;
     c->policy.n_heads = shape->n_heads;
     c->policy.agg = spec->agg;
+    c->meta_bytes = ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(&c->spec, budget) : 0;
+    c->policy.meta_bytes = c->meta_bytes;
     if (ops->init && ops->init(&c->policy, &c->spec, shape, budget, err, errlen)) {
         kv_cache_free(c);
         return -1;
@@ -394,20 +545,16 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
             return -1;
         }
 
-    int hd = shape->head_dim, n_lanes = c->policy.n_lanes, B = c->budget, R = c->residual;
-    c->k_bytes = kv_vector_bytes(spec->ktype, hd);
-    c->v_bytes = kv_vector_bytes(spec->vtype, hd);
-    c->meta_bytes = ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(&c->spec, budget) : 0;
-    /* one arena for every lane, each array 16-byte aligned (the padding is not cache memory and is not counted) */
-    size_t per_lane = align16((size_t)B * sizeof(int32_t)) + align16((size_t)B * sizeof(int))
-                      + align16((size_t)(B - R) * sizeof(int)) + align16((size_t)R * sizeof(int))
-                      + 2 * align16((size_t)R * hd * sizeof(float)) + align16((size_t)B * c->meta_bytes)
-                      + align16((size_t)(B - R) * c->k_bytes) + align16((size_t)(B - R) * c->v_bytes);
-    c->arena_bytes = per_lane * n_lanes;
-    /* calloc: large arenas come zeroed from the kernel page by page, so a cache costs memory as it fills; malloc's
-       alignment (max_align_t, 16 bytes on the targets we build for) is what the arrays need */
-    c->arena = calloc(1, c->arena_bytes ? c->arena_bytes : 16);
+    int hd = shape->head_dim, B = c->budget;
+    c->k_bytes = c->band_kb[c->n_bands - 1];
+    c->v_bytes = c->band_vb[c->n_bands - 1];
+    /* one arena for every lane; calloc: large arenas come zeroed from the kernel page by page, so a cache costs
+       memory as it fills; malloc's alignment (max_align_t, 16 bytes on the targets we build for) is what the arrays
+       need */
     c->lanes = calloc((size_t)n_lanes, sizeof(KVLane));
+    if (c->lanes)
+        for (int i = 0; i < n_lanes; i++) c->arena_bytes += lane_carve(c, &c->lanes[i], caps ? caps[i] : B, NULL);
+    c->arena = calloc(1, c->arena_bytes ? c->arena_bytes : 16);
     c->scores = calloc((size_t)shape->n_heads * B, sizeof(float));
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
@@ -418,14 +565,17 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     c->qbuf = calloc((size_t)shape->n_heads * hd, sizeof(float));
     c->vptr = calloc((size_t)shape->n_kv_heads * B, sizeof(float *));
     c->victim_buf = calloc((size_t)B, sizeof(int));
+    c->run_buf = calloc((size_t)B, sizeof(int));
     c->score_buf = calloc((size_t)B, sizeof(double));
+    c->sel_score = calloc((size_t)B, sizeof(float));
+    c->read_rank = calloc((size_t)shape->n_kv_heads * B, sizeof(int));
+    c->read_n = calloc((size_t)shape->n_kv_heads, sizeof(int));
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
     c->rope_t = calloc((size_t)hd, sizeof(float));
     c->rope_t_pos = -1;
     if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->ktbuf || !c->vbuf || !c->qbuf
-        || !c->vptr
-        || !c->victim_buf || !c->score_buf
-        || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
+        || !c->vptr || !c->victim_buf || !c->run_buf || !c->score_buf || !c->sel_score || !c->read_rank
+        || !c->read_n || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
         size_t want = c->arena_bytes;
         kv_cache_free(c);
         return errorf(err, errlen, "cannot allocate the KV cache of '%s': %d slot%s per lane x %d lanes = %.2f GiB; "
@@ -434,37 +584,26 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     if (c->rope_cs)
         for (int i = 0; i < B; i++) rope_cs(c->rope_cs + (size_t)i * hd, shape, i);
     uint8_t *p = c->arena;
-#define CARVE(ptr, type, bytes) do { (ptr) = (type)(void *)p; p += align16(bytes); } while (0)
-    for (int i = 0; i < n_lanes; i++) {
-        KVLane *ln = &c->lanes[i];
-        CARVE(ln->pos, int32_t *, (size_t)B * sizeof(int32_t));
-        CARVE(ln->live, int *, (size_t)B * sizeof(int));
-        CARVE(ln->free_q, int *, (size_t)(B - R) * sizeof(int));
-        CARVE(ln->free_r, int *, (size_t)R * sizeof(int));
-        CARVE(ln->kres, float *, (size_t)R * hd * sizeof(float));
-        CARVE(ln->vres, float *, (size_t)R * hd * sizeof(float));
-        CARVE(ln->meta, uint8_t *, (size_t)B * c->meta_bytes);
-        CARVE(ln->k, uint8_t *, (size_t)(B - R) * c->k_bytes);
-        CARVE(ln->v, uint8_t *, (size_t)(B - R) * c->v_bytes);
-    }
-#undef CARVE
+    for (int i = 0; i < n_lanes; i++) p += lane_carve(c, &c->lanes[i], caps ? caps[i] : B, p);
     c->policy.lanes = c->lanes;
     kv_cache_reset(c);
     return 0;
 }
 
 void kv_cache_reset(KVCache *c) {
-    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads, B = c->budget, R = c->residual;
+    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
     for (int i = 0; i < n_lanes; i++) {
         KVLane *ln = &c->lanes[i];
         ln->n_live = 0;
-        ln->n_free_q = B - R;
-        ln->n_free_r = R;
-        for (int s = 0; s < B; s++) ln->pos[s] = -1;
-        for (int s = 0; s < B - R; s++) ln->free_q[s] = B - R - 1 - s;   /* pop order 0, 1, 2, ... */
-        for (int s = 0; s < R; s++) ln->free_r[s] = B - 1 - s;
-        memset(ln->meta, 0, (size_t)B * c->meta_bytes);
+        for (int b = 0; b < c->n_bands; b++) {   /* each band pops its slots in increasing order */
+            ln->n_free[b] = ln->band_slots[b];
+            for (int s = 0; s < ln->band_slots[b]; s++) ln->free[b][s] = ln->band_first[b] + ln->band_slots[b] - 1 - s;
+        }
+        for (int s = 0; s < ln->cap; s++) ln->pos[s] = -1;
+        if (ln->pos0) for (int s = 0; s < ln->cap; s++) ln->pos0[s] = -1;
+        memset(ln->meta, 0, (size_t)ln->cap * c->meta_bytes);
     }
+    for (int g = 0; g < c->shape.n_kv_heads; g++) c->read_n[g] = -1;
     if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_RESET, -1, -1, -1, -1, -1, NULL, NULL);
     c->policy.prompt_len = 0;
     if (c->policy.ops && c->policy.ops->reset) c->policy.ops->reset(&c->policy);
@@ -473,11 +612,61 @@ void kv_cache_reset(KVCache *c) {
 
 void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
+    else free(c->policy.state);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf); free(c->ktbuf);
     free(c->vbuf); free(c->qbuf); free(c->vptr);
     free(c->chunk_cs);
-    free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->score_buf);
+    free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->run_buf); free(c->score_buf);
+    free(c->sel_score); free(c->read_rank); free(c->read_n);
     memset(c, 0, sizeof *c);
+}
+
+int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen) {
+    if (src->device || dst->device || dst->on_slot)
+        return errorf(err, errlen, "kv: a cache with a device mirror cannot be cloned or restored");
+    int n_lanes = src->shape.n_layers * src->shape.n_kv_heads;
+    if (strcmp(dst->spec.text, src->spec.text) || dst->arena_bytes != src->arena_bytes || dst->budget != src->budget
+        || dst->policy.state_bytes != src->policy.state_bytes
+        || dst->shape.n_layers * dst->shape.n_kv_heads != n_lanes)
+        return errorf(err, errlen, "kv: restore of '%s' into a cache made from another spec or shape ('%s')",
+                      src->spec.text, dst->spec.text);
+    memcpy(dst->arena, src->arena, src->arena_bytes);
+    for (int i = 0; i < n_lanes; i++) {
+        KVLane *d = &dst->lanes[i];
+        const KVLane *s = &src->lanes[i];
+        if (d->cap != s->cap) return errorf(err, errlen, "kv: restore into lanes of other sizes");
+        d->n_live = s->n_live;
+        d->peak_live = s->peak_live;
+        memcpy(d->n_free, s->n_free, sizeof d->n_free);
+    }
+    if (src->policy.state_bytes) memcpy(dst->policy.state, src->policy.state, src->policy.state_bytes);
+    dst->policy.prompt_len = src->policy.prompt_len;
+    memcpy(dst->read_n, src->read_n, (size_t)src->shape.n_kv_heads * sizeof(int));
+    memcpy(dst->read_rank, src->read_rank, (size_t)src->shape.n_kv_heads * src->budget * sizeof(int));
+    dst->live_bytes = src->live_bytes;
+    dst->peak_live_bytes = src->peak_live_bytes;
+    dst->n_evictions = src->n_evictions;
+    dst->n_merged = src->n_merged;
+    dst->bytes_read = src->bytes_read;
+    dst->steps_read = src->steps_read;
+    dst->bytes_moved = src->bytes_moved;
+    return 0;
+}
+
+int kv_cache_clone(KVCache *dst, const KVCache *src, char *err, size_t errlen) {
+    if (src->device) return errorf(err, errlen, "kv: a cache with a device mirror cannot be cloned");
+    int n_lanes = src->shape.n_layers * src->shape.n_kv_heads, *caps = malloc((size_t)n_lanes * sizeof(int));
+    if (!caps) return errorf(err, errlen, "out of memory");
+    for (int i = 0; i < n_lanes; i++) caps[i] = src->lanes[i].cap;
+    KVSpec spec = src->spec;
+    memset(spec.used, 0, sizeof spec.used);
+    /* the spec as parsed (src->spec has the base type written over ktype/vtype, which the bands already hold) */
+    int rc = kv_cache_init_lanes(dst, &src->shape, &spec, caps, err, errlen);
+    free(caps);
+    if (rc) return -1;
+    dst->backend = src->backend;
+    if (kv_cache_restore(dst, src, err, errlen)) { kv_cache_free(dst); return -1; }
+    return 0;
 }
 
 /* cos, sin of position t (head_dim/2, 2), computed once per step for every layer, key and query; a position of the
@@ -491,89 +680,158 @@ const float *kv_rope_at(KVCache *c, int t) {
 
 void kv_set_prompt_len(KVCache *c, int n_tokens) { c->policy.prompt_len = n_tokens > 0 ? n_tokens : 0; }
 
-/* Free n slots of lane (l, g) chosen by the policy, reporting each to the eviction log, then drop them from the live
- * list in one pass (so freeing many at once, as snapkv does, stays linear). */
-static void lane_free(KVCache *c, int l, int g, KVLane *ln, const int *slots, const double *score, int n, int t) {
-    int Q = c->budget - c->residual;
-    for (int j = 0; j < n; j++) {
-        int s = slots[j];
-        if (s < 0 || s >= c->budget || ln->pos[s] < 0) {
-            /* a policy bug, never an input error: stop before the lists are corrupted */
-            fprintf(stderr, "kv: policy '%s' freed slot %d of layer %d kv head %d, which is not live\n",
-                    c->spec.name, s, l, g);
-            abort();
-        }
-        if (c->on_evict) c->on_evict(c->evict_ctx, t, l, g, ln->pos[s], score[j], c->policy.ops->reason);
-        ln->pos[s] = -1;
-        if (s < Q) ln->free_q[ln->n_free_q++] = s;
-        else ln->free_r[ln->n_free_r++] = s;
-        c->live_bytes -= token_bytes(c, s >= Q);
-        c->n_evictions++;
-    }
+/* A policy bug, never an input error: stop before the lists are corrupted. */
+static void policy_bug(const KVCache *c, const char *verb, int l, int g, int rank, int n_live) {
+    fprintf(stderr, "kv: policy '%s' named rank %d of layer %d kv head %d in %s, which holds %d live tokens (or named "
+            "it twice)\n", c->spec.name, rank, l, g, verb, n_live);
+    abort();
+}
+
+static void emit(KVCache *c, KVEventKind kind, int t, int l, int g, int pos, int pos0, int n, int band, double score) {
+    if (!c->on_event) return;
+    KVEvent ev = {kind, t, l, g, pos, pos0, n, band, band >= 0 ? c->band_ktype[band] : KV_F32,
+                  band >= 0 ? c->band_vtype[band] : KV_F32, score, kind == KV_EV_EVICT ? c->policy.ops->reason : ""};
+    c->on_event(c->event_ctx, &ev);
+}
+
+/* Mark slot s free (band's stack, bytes); the live list is compacted by lane_compact. */
+static void slot_release(KVCache *c, KVLane *ln, int s) {
+    int b = kv_slot_band(ln, s);
+    ln->pos[s] = -1;
+    if (ln->pos0) ln->pos0[s] = -1;
+    ln->free[b][ln->n_free[b]++] = s;
+    c->live_bytes -= token_bytes(c, b);
+}
+
+/* Drop freed slots from the live list in one pass (so freeing many at once, as snapkv does, stays linear). */
+static void lane_compact(KVCache *c, int lane, KVLane *ln) {
     int w = 0;
     for (int i = 0; i < ln->n_live; i++) {
         int s = ln->live[i];
         if (ln->pos[s] >= 0) ln->live[w++] = s;
-        else if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_FREE, l * c->shape.n_kv_heads + g, s, -1, i, -1, NULL, NULL);
+        else if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_FREE, lane, s, -1, i, -1, NULL, NULL);
     }
     ln->n_live = w;
 }
 
-/* A free slot for a new token: an f32 slot when there is a residual region (moving its oldest token to the typed
- * region first when it is full), else a typed slot. The lane holds at most budget-1 tokens here. */
-static int lane_take_slot(KVCache *c, KVLane *ln, int lane) {
-    int R = c->residual, Q = c->budget - R, hd = c->shape.head_dim;
-    if (R == 0) return ln->free_q[--ln->n_free_q];
-    if (ln->n_free_r == 0) {
-        int i = ln->n_live - R;                 /* the R f32 tokens are the newest, the last R of the live list */
-        int from = ln->live[i], to = ln->free_q[--ln->n_free_q], row = from - Q;
-        kv_encode(ln->k + (size_t)to * c->k_bytes, c->spec.ktype, ln->kres + (size_t)row * hd, hd);
-        kv_encode(ln->v + (size_t)to * c->v_bytes, c->spec.vtype, ln->vres + (size_t)row * hd, hd);
-        ln->pos[to] = ln->pos[from];
-        ln->pos[from] = -1;
-        memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
-        ln->live[i] = to;
-        ln->free_r[ln->n_free_r++] = from;
-        if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_MOVE, lane, to, from, i, ln->pos[to], NULL, NULL);
-        c->live_bytes = c->live_bytes - token_bytes(c, 1) + token_bytes(c, 0);
+/* evict: free the n ranks the policy named, reporting each to the event log. */
+static void lane_evict(KVCache *c, int l, int g, KVLane *ln, const int *ranks, const double *score, int n, int t) {
+    for (int j = 0; j < n; j++) {
+        int r = ranks[j];
+        if (r < 0 || r >= ln->n_live || ln->pos[ln->live[r]] < 0) policy_bug(c, "evict", l, g, r, ln->n_live);
+        int s = ln->live[r];
+        emit(c, KV_EV_EVICT, t, l, g, ln->pos[s], ln->pos0 ? ln->pos0[s] : ln->pos[s], 1, -1, score[j]);
+        slot_release(c, ln, s);
+        c->n_evictions++;
     }
-    return ln->free_r[--ln->n_free_r];
+    lane_compact(c, l * c->shape.n_kv_heads + g, ln);
+}
+
+/* The stored vector of slot s as f32 (keys as stored: rotated under pos=orig, pre-RoPE under pos=cache). */
+static void slot_read(const KVCache *c, const KVLane *ln, int s, int is_v, float *x) {
+    int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
+    if (is_v) kv_decode(x, c->band_vtype[b], ln->v[b] + (size_t)row * c->band_vb[b], c->shape.head_dim);
+    else kv_decode(x, c->band_ktype[b], ln->k[b] + (size_t)row * c->band_kb[b], c->shape.head_dim);
+}
+
+static void slot_write(KVCache *c, KVLane *ln, int s, int is_v, const float *x) {
+    int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
+    if (is_v) kv_encode(ln->v[b] + (size_t)row * c->band_vb[b], c->band_vtype[b], x, c->shape.head_dim);
+    else kv_encode(ln->k[b] + (size_t)row * c->band_kb[b], c->band_ktype[b], x, c->shape.head_dim);
+}
+
+/* merge: each run of count[j] adjacent ranks from first[j] becomes one slot, the newest token's: key and value the
+ * mean of the run's decoded vectors (summed in rank order in f32, then divided), encoded in that slot's form; it
+ * covers pos0 of the run's oldest through pos of its newest. */
+static void lane_merge(KVCache *c, int l, int g, KVLane *ln, const int *first, const int *count, int n, int t) {
+    int hd = c->shape.head_dim, prev_end = 0;
+    float sum[hd], x[hd];
+    for (int j = 0; j < n; j++) {
+        int r0 = first[j], m = count[j];
+        if (m < 2 || r0 < prev_end || r0 + m > ln->n_live) policy_bug(c, "merge", l, g, r0, ln->n_live);
+        prev_end = r0 + m;
+        int dst = ln->live[r0 + m - 1], p0 = ln->pos0[ln->live[r0]];
+        for (int is_v = 0; is_v < 2; is_v++) {
+            for (int d = 0; d < hd; d++) sum[d] = 0;
+            for (int i = r0; i < r0 + m; i++) {
+                slot_read(c, ln, ln->live[i], is_v, x);
+                for (int d = 0; d < hd; d++) sum[d] += x[d];
+            }
+            for (int d = 0; d < hd; d++) sum[d] /= (float)m;
+            slot_write(c, ln, dst, is_v, sum);
+        }
+        emit(c, KV_EV_MERGE, t, l, g, ln->pos[dst], p0, m, -1, 0);
+        for (int i = r0; i < r0 + m - 1; i++) slot_release(c, ln, ln->live[i]);
+        ln->pos0[dst] = p0;
+        c->n_merged += m - 1;
+    }
+    lane_compact(c, l * c->shape.n_kv_heads + g, ln);
+}
+
+/* recode: make room in band b (and every band it spills into) by moving its oldest token to the next band that has
+ * slots, recoded into that band's form. The bands hold consecutive runs of ranks, band 0 the newest. */
+static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
+    if (ln->n_free[b] > 0) return;
+    int next = b + 1;
+    while (next < c->n_bands && ln->band_slots[next] == 0) next++;
+    if (next == c->n_bands) {   /* the lane holds cap-1 tokens at most here: some band has room. A kv.c bug. */
+        fprintf(stderr, "kv: no free slot in layer %d kv head %d (%d live of %d)\n", l, g, ln->n_live, ln->cap);
+        abort();
+    }
+    band_make_room(c, l, g, ln, next, t);
+    int newer = 0;
+    for (int x = 0; x <= b; x++) newer += ln->band_slots[x] - ln->n_free[x];
+    int i = ln->n_live - newer, hd = c->shape.head_dim;
+    int from = ln->live[i], to = ln->free[next][--ln->n_free[next]];
+    float x[hd];
+    for (int is_v = 0; is_v < 2; is_v++) { slot_read(c, ln, from, is_v, x); slot_write(c, ln, to, is_v, x); }
+    ln->pos[to] = ln->pos[from];
+    if (ln->pos0) { ln->pos0[to] = ln->pos0[from]; ln->pos0[from] = -1; }
+    ln->pos[from] = -1;
+    memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
+    ln->live[i] = to;
+    ln->free[b][ln->n_free[b]++] = from;
+    int lane = l * c->shape.n_kv_heads + g;
+    if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_MOVE, lane, to, from, i, ln->pos[to], NULL, NULL);
+    emit(c, KV_EV_RECODE, t, l, g, ln->pos[to], ln->pos0 ? ln->pos0[to] : ln->pos[to], 1, next, 0);
+    c->live_bytes = c->live_bytes - token_bytes(c, b) + token_bytes(c, next);
 }
 
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;
-    int hd = s->head_dim, Q = c->budget - c->residual;
+    int hd = s->head_dim;
     float tmp[hd];
     for (int g = 0; g < s->n_kv_heads; g++) {
         int lane = l * s->n_kv_heads + g;
         KVLane *ln = &c->lanes[lane];
-        /* step 1: evict when full */
-        if (ln->n_live >= c->budget) {
-            int n = ops->victims ? ops->victims(&c->policy, lane, ln, t, c->victim_buf, c->budget, c->score_buf) : 0;
-            if (n <= 0) return -1;
-            lane_free(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
+        /* step 1: merge, then evict when full */
+        if (ops->merge) {
+            int n = ops->merge(&c->policy, lane, ln, t, c->victim_buf, c->run_buf, c->budget);
+            if (n > 0) lane_merge(c, l, g, ln, c->victim_buf, c->run_buf, n, t);
         }
-        /* step 2: store */
-        int slot = lane_take_slot(c, ln, lane);
+        if (ln->n_live >= ln->cap) {
+            int n = ops->evict ? ops->evict(&c->policy, lane, ln, t, c->victim_buf, ln->cap, c->score_buf) : 0;
+            if (n <= 0) return -1;
+            lane_evict(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
+        }
+        /* step 2: store, into band 0 (recoding older tokens down the bands to make room) */
+        band_make_room(c, l, g, ln, 0, t);
+        int slot = ln->free[0][--ln->n_free[0]];
         memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
         if (c->spec.pos == POS_ORIG) kv_rope_apply(tmp, s, kv_rope_at(c, t));
-        if (slot < Q) {
-            kv_encode(ln->k + (size_t)slot * c->k_bytes, c->spec.ktype, tmp, hd);
-            kv_encode(ln->v + (size_t)slot * c->v_bytes, c->spec.vtype, v + (size_t)g * hd, hd);
-        } else {
-            memcpy(ln->kres + (size_t)(slot - Q) * hd, tmp, (size_t)hd * sizeof(float));
-            memcpy(ln->vres + (size_t)(slot - Q) * hd, v + (size_t)g * hd, (size_t)hd * sizeof(float));
-        }
+        slot_write(c, ln, slot, 0, tmp);
+        slot_write(c, ln, slot, 1, v + (size_t)g * hd);
         ln->pos[slot] = t;
+        if (ln->pos0) ln->pos0[slot] = t;
         ln->live[ln->n_live++] = slot;
-        c->live_bytes += token_bytes(c, slot >= Q);
+        c->live_bytes += token_bytes(c, 0);
         if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
         if (ln->n_live > ln->peak_live) ln->peak_live = ln->n_live;
         memset(ln->meta + (size_t)slot * c->meta_bytes, 0, c->meta_bytes);
         if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_STORE, lane, slot, -1, ln->n_live - 1, t, k + (size_t)g * hd,
                                   v + (size_t)g * hd);
-        if (ops->on_insert) ops->on_insert(&c->policy, lane, ln, slot, t);
+        if (ops->on_insert) ops->on_insert(&c->policy, lane, ln, ln->n_live - 1, t);
     }
     return 0;
 }
@@ -590,6 +848,7 @@ int kv_set_backend(KVCache *c, KVBackend b) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
+    if (c->policy.ops->select) { kv_attend_select(c, out, l, t, q); return; }
     const KVShape *s = &c->shape;
     int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd), qr[hd], kx[hd], vx[hd];
@@ -621,16 +880,80 @@ void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
     kv_attend_policy(c, l, t);
 }
 
+/* Step 3 of a selection policy (kv.h): the same loops as kv_attend_ref, over the chosen ranks only. */
+void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
+    const KVShape *s = &c->shape;
+    const KVPolicyOps *ops = c->policy.ops;
+    int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv, B = c->budget;
+    float scale = 1.0f / sqrtf((float)hd), qr[group][hd], kx[hd], vx[hd];
+    for (int g = 0; g < n_kv; g++) {
+        int lane = l * n_kv + g;
+        const KVLane *ln = &c->lanes[lane];
+        int n = ln->n_live, *rr = c->read_rank + (size_t)g * B;
+        for (int hh = 0; hh < group; hh++) {   /* the group's queries, rotated as kv_attend_ref rotates them */
+            memcpy(qr[hh], q + (size_t)(g * group + hh) * hd, (size_t)hd * sizeof(float));
+            kv_rope(qr[hh], s, c->spec.pos == POS_CACHE ? n - 1 : t);
+        }
+        /* the scores select chooses from: the group mean of q·k_i/√head_dim over every live key */
+        if (ops->select_scores)
+            for (int i = 0; i < n; i++) {
+                const float *k = kv_lane_key(c, ln, i, kx);
+                float sum = 0;
+                for (int hh = 0; hh < group; hh++) {
+                    float dot = 0;
+                    for (int d = 0; d < hd; d++) dot += qr[hh][d] * k[d];
+                    sum += dot * scale;
+                }
+                c->sel_score[i] = sum / group;
+            }
+        int m = ops->select(&c->policy, lane, ln, t, ops->select_scores ? c->sel_score : NULL, rr, B);
+        if (m < 1 || m > n) policy_bug(c, "select", l, g, m, n);
+        for (int j = 0; j < m; j++)
+            if (rr[j] < 0 || rr[j] >= n || (j && rr[j] <= rr[j - 1])) policy_bug(c, "select", l, g, rr[j], n);
+        c->read_n[g] = m;
+        /* bytes read: every key scored to choose (select_scores) or the chosen keys, and the chosen values */
+        for (int i = 0; ops->select_scores && i < n; i++) c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[i])];
+        for (int j = 0; j < m; j++) {
+            int b = kv_slot_band(ln, ln->live[rr[j]]);
+            c->bytes_read += c->band_vb[b] + (ops->select_scores ? 0 : c->band_kb[b]);
+        }
+        for (int hh = 0; hh < group; hh++) {
+            int h = g * group + hh;
+            float *p = c->scores + (size_t)h * B, *o = out + (size_t)h * hd, mx = -INFINITY, sum = 0;
+            for (int i = 0; i < n; i++) p[i] = 0;
+            for (int j = 0; j < m; j++) {
+                const float *k = kv_lane_key(c, ln, rr[j], kx);
+                float dot = 0;
+                for (int d = 0; d < hd; d++) dot += qr[hh][d] * k[d];
+                p[rr[j]] = dot * scale;
+                mx = p[rr[j]] > mx ? p[rr[j]] : mx;
+            }
+            for (int j = 0; j < m; j++) { p[rr[j]] = expf(p[rr[j]] - mx); sum += p[rr[j]]; }
+            for (int j = 0; j < m; j++) p[rr[j]] /= sum;
+            for (int d = 0; d < hd; d++) o[d] = 0;
+            for (int j = 0; j < m; j++) {
+                const float *v = kv_lane_value(c, ln, rr[j], vx);
+                for (int d = 0; d < hd; d++) o[d] += p[rr[j]] * v[d];
+            }
+        }
+    }
+    if (l == 0) c->steps_read++;
+    kv_attend_policy(c, l, t);
+}
+
 void kv_attend_policy(KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     int n_kv = c->shape.n_kv_heads, group = c->shape.n_heads / n_kv, budget = c->budget;
-    /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune) */
-    for (int g = 0; g < n_kv; g++) c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
-    if (l == 0) c->steps_read++;
+    /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune); a
+       selection policy's reads were counted by kv_attend_select */
+    if (!ops->select) {
+        for (int g = 0; g < n_kv; g++) c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+        if (l == 0) c->steps_read++;
+    }
     /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */
-    if (ops->on_attend)
+    if (ops->observe)
         for (int g = 0; g < n_kv; g++) {
-            KVLane *ln = &c->lanes[l * n_kv + g];
+            const KVLane *ln = &c->lanes[l * n_kv + g];
             float *agg = c->agg + (size_t)g * budget, *mean = c->mean + (size_t)g * budget;
             for (int i = 0; i < ln->n_live; i++) {
                 float sum = 0, mx = 0;
@@ -642,14 +965,14 @@ void kv_attend_policy(KVCache *c, int l, int t) {
                 mean[i] = sum / group;
                 agg[i] = c->spec.agg == AGG_MAX ? mx : mean[i];
             }
-            ops->on_attend(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
+            ops->observe(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
         }
     if (ops->on_layer_done) ops->on_layer_done(&c->policy, l, t);
     if (ops->prune) {
         for (int g = 0; g < n_kv; g++) {
             KVLane *ln = &c->lanes[l * n_kv + g];
-            int n = ops->prune(&c->policy, l * n_kv + g, ln, t, c->victim_buf, c->budget, c->score_buf);
-            if (n > 0) lane_free(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
+            int n = ops->prune(&c->policy, l * n_kv + g, ln, t, c->victim_buf, ln->cap, c->score_buf);
+            if (n > 0) lane_evict(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
         }
     }
 }
@@ -659,10 +982,29 @@ int kv_capacity(const KVCache *c) { return c->policy.ops->evicts ? INT_MAX : c->
 void kv_describe(const KVCache *c, char *buf, size_t len) {
     char pol[160] = "";
     if (c->policy.ops->describe) c->policy.ops->describe(&c->policy, pol, sizeof pol);
-    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d, pos %s, agg %s", c->spec.name,
+    char prec[96] = "";
+    if (c->spec.n_prec) {   /* the bands of the first lane, as resolved: ", prec f32:64/q8:192/q4:0" */
+        size_t w = (size_t)snprintf(prec, sizeof prec, ", prec ");
+        for (int b = 0; b < c->n_bands && w < sizeof prec; b++)
+            w += (size_t)snprintf(prec + w, sizeof prec - w, "%s%s:%d", b ? "/" : "", kv_type_names[c->band_ktype[b]],
+                                  c->lanes[0].band_slots[b]);
+    }
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d%s, pos %s, agg %s", c->spec.name,
              c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s", kv_type_names[c->spec.ktype],
-             kv_type_names[c->spec.vtype], c->residual, c->spec.pos == POS_CACHE ? "cache" : "orig",
+             kv_type_names[c->spec.vtype], c->residual, prec, c->spec.pos == POS_CACHE ? "cache" : "orig",
              c->spec.agg == AGG_MAX ? "max" : "mean");
+}
+
+int kv_lane_read(const KVCache *c, int l, int g, int *spans, int max) {
+    const KVLane *ln = &c->lanes[l * c->shape.n_kv_heads + g];
+    int sel = c->read_n[g] >= 0, n = sel ? c->read_n[g] : ln->n_live, w = 0;
+    for (int j = 0; j < n && w < max; j++) {
+        int i = sel ? c->read_rank[(size_t)g * c->budget + j] : j;
+        spans[2 * w] = kv_rank_pos0(ln, i);
+        spans[2 * w + 1] = kv_rank_pos(ln, i);
+        w++;
+    }
+    return w;
 }
 
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max) {

@@ -18,29 +18,39 @@
 
 /* ----------------------------------------------------------------------------------------------------------------
  * One decode step, for the token at position t and layer l (docs/DESIGN.md, Semantics; the order is normative):
- *   1. for each lane: if it holds `budget` live slots, ask the policy for victims (chosen from its state after step
- *      t-1) and free them;
+ *   1. for each lane: a merging policy may first merge runs of adjacent old tokens into one slot each; then, if the
+ *      lane holds `cap` live slots, the policy names ranks to evict (chosen from its state after step t-1), freed;
  *   2. store k_t, v_t in a free slot (pos=orig: k rotated with position t; pos=cache: k stored before RoPE);
- *   3. every query head attends over its lane's live slots, itself included: softmax(q·Kᵀ/√head_dim)·V, scores and
+ *   3. every query head reads its lane's live slots, itself included, or the ranks a selection policy chose for this
+ *      query (one set per lane: the group's query heads share it): softmax(q·Kᵀ/√head_dim)·V over them, scores and
  *      softmax in f32 whatever the storage type;
- *   4. the policy is shown this step's attention probabilities, aggregated over the query heads of the GQA group
+ *   4. the policy observes this step's attention probabilities, aggregated over the query heads of the GQA group
  *      (mean, or max with agg=max), and updates its state; a policy may then free slots (snapkv's one compression).
- * So the budget is both the number of tokens a query attends to (itself included) and the number of slots a lane
- * ever holds. `window:4` at t=9 attends {6,7,8,9}.
+ * So for eviction and merging the budget is both the number of tokens a query attends to (itself included) and the
+ * number of slots a lane ever holds (`window:4` at t=9 attends {6,7,8,9}); for selection it is what one query reads,
+ * and the lane holds every token up to -c.
  *
  * Live slots are kept as an INDEX LIST per lane (`live`, slot ids in increasing position order): eviction removes
  * entries, insertion appends one (positions only grow), attention walks the list. We chose an index list over
- * compaction so a token's bytes move at most once (see residual below): a GPU copy of the cache only has to be told
+ * compaction so a token's bytes move at most once per band (see below): a GPU copy of the cache only has to be told
  * which slots changed.
  *
- * Storage and the residual (KIVI, Liu et al. 2024, arXiv:2402.02750, §3: the newest R tokens stay in full precision). A
- * lane's slots (`budget`; -c for full and snapkv) are split in two regions: slots [0, budget-R) hold vectors in
- * ktype/vtype, slots [budget-R, budget) hold them in f32. A new token always goes to the f32 region; when that region
- * is full, its oldest token is encoded once into a free slot of the typed region (one exists: the lane holds at most
- * budget-1 tokens before the store) and its policy metadata moves with it. So every typed token is older than every f32
- * token, the f32 region holds the newest min(R, n_live) live tokens (fewer, transiently, after a policy freed several
- * of them at once), and residual tokens are part of the budget: no token is stored twice. Policies must not remember
- * slot ids across steps: they keep their per-slot state in the lane's `meta`, which kv.c moves with the token.
+ * Precision bands, precision by age (recode). A lane's slots (`cap`; -c for full, snapkv and selection) are split into
+ * bands, newest first: prec=f32:64/q8:512/q4 gives band 0 = 64 slots in f32, band 1 = 512 in q8, band 2 = the rest
+ * in q4 (clipped when the lane is smaller). A new token always goes to band 0; when a band is full its oldest token is
+ * recoded once into the next band (that band making room the same way first), so some band always has room (the lane
+ * holds at most cap-1 tokens before the store), and the policy metadata moves with the token. So every token of band
+ * i+1 is older than every token of band i, band 0 holds the newest min(its slots, n_live) tokens (fewer, transiently,
+ * after a policy freed several at once), and no token is stored twice. residual=R (KIVI, Liu et al. 2024,
+ * arXiv:2402.02750, §3: the newest R tokens stay in full precision) is the special case prec=f32:R/TYPE. Policies
+ * must not remember slot ids across steps: they see ranks, and keep per-slot state in `meta`, which moves with the
+ * token.
+ *
+ * Merging (pool): the merged slot's key and value are the mean of the run's decoded f32 vectors (keys as stored:
+ * rotated under pos=orig, so the merged score is the mean of the tokens' scores, the dot product being linear;
+ * pre-RoPE under pos=cache, rotated later by the slot's one rank, which loses the tokens' offsets within the run),
+ * encoded into the newest token's slot in that slot's storage form; it keeps the newest token's position and covers pos0..pos for
+ * recall. The other slots of the run are freed.
  *
  * Positions (pos=):
  *   orig: keys are rotated with their true position when stored and the query with t.
@@ -52,8 +62,9 @@
  * Aggregation (agg=): the ranking policies (h2o, tova, snapkv) score with the group's mean or max probability;
  * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (docs/DESIGN.md), so agg= does not change them.
  *
- * Memory (kv_bytes): vectors (scales and minimums included), positions (int32), the live and free index lists (int
- * each) and policy metadata, per slot; allocated = every slot of every lane, live = the slots in use. Attention
+ * Memory (kv_bytes): vectors (scales and minimums included), positions (int32, two with a merging policy), the live
+ * and free index lists (int each) and policy metadata, per slot; allocated = every slot of every lane, live = the
+ * slots in use. Attention
  * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
 
@@ -75,6 +86,12 @@ typedef struct {
     const float *rope_factors; /* (head_dim/2) or NULL: Llama 3.1 frequency factors, freq_i /= factor_i */
 } KVShape;
 
+/* Precision bands of a lane (precision by age): band 0 holds the newest tokens, each later band older ones in its
+ * own storage form; the last band takes the rest of the lane. residual=R with type T is the two bands f32:R/T;
+ * prec=f32:64/q8:512/q4 is three. Adjacent bands of the same form are one band. ("Tier" is kept for memory tiers,
+ * fast and slow memory, which bands are not.) */
+#define KV_MAX_BANDS 4
+
 /* A parsed -kv spec: NAME[:BUDGET][,key=value...]. The keys every policy takes are parsed into fields here; the
  * rest stay as strings for the policy to read (kv_spec_get). */
 #define KV_MAX_PARAMS 8
@@ -84,6 +101,9 @@ typedef struct {
     size_t budget_bytes;      /* whole cache, bytes; 0 = the budget is in tokens */
     KVType ktype, vtype;
     int residual;             /* tokens kept in f32 at the recent end of a lane (KIVI's residual), part of budget */
+    int n_prec;               /* prec=T0:N0/T1:N1/.../TL: bands given (0: none; then type and residual decide) */
+    KVType prec_type[KV_MAX_BANDS];   /* storage form of each band, newest first (keys and values alike) */
+    int prec_slots[KV_MAX_BANDS];     /* slots of each band but the last, which takes the rest (0) */
     PosMode pos;
     AggMode agg;
     int n_params;
@@ -99,31 +119,55 @@ int kv_spec_parse(KVSpec *spec, const char *text, KVType default_type, char *err
 /* The value of a policy key, or NULL; kv_spec_get marks the key as read, kv_spec_value does not. */
 const char *kv_spec_get(KVSpec *spec, const char *key);
 const char *kv_spec_value(const KVSpec *spec, const char *key);
-/* Checks a spec against the run mode ("generate", "chat", "ppl", "passkey", "bench"): a policy that acts at the end
- * of the prompt (snapkv) needs prefill=P in ppl mode, which has no prompt. 0, or -1 + message. */
+/* Checks a spec against the run mode ("generate", "chat", "ppl", "passkey", "bench") by asking its policy
+ * (check_mode: snapkv needs prefill=P in ppl mode, which has no prompt). 0, or -1 + message. */
 int kv_spec_check_mode(const KVSpec *spec, const char *mode, char *err, size_t errlen);
 /* Parse a storage type name; -1 if unknown. */
 int kv_type_parse(const char *s);
 
-/* One lane: (layer, kv_head). Slot ids are 0..budget-1; slots below budget - residual are typed, the rest f32. */
+/* One lane: (layer, kv_head). Slot ids are 0..cap-1; each band owns a contiguous range of them, band 0 (the newest
+ * tokens) the highest ids, the last band (the oldest) from 0: with one band slot s is row s of k and v. */
 typedef struct {
+    int cap;               /* slots of this lane: its budget (budgets may differ per lane); memory is for cap slots */
     int n_live;            /* live slots now */
-    int *live;             /* (budget) slot ids of the live tokens, in increasing position order */
-    int32_t *pos;          /* (budget) original position of the token in each slot; -1 = free */
-    int *free_q;           /* (budget - residual) stack of free typed slot ids; n_free_q of them */
-    int *free_r;           /* (residual) stack of free f32 slot ids; n_free_r of them */
-    int n_free_q, n_free_r;
-    uint8_t *k;            /* (budget - residual, k_bytes) keys in ktype */
-    uint8_t *v;            /* (budget - residual, v_bytes) values in vtype */
-    float *kres, *vres;    /* (residual, head_dim) keys and values of the f32 region; slot s is row s - (budget-R) */
-    uint8_t *meta;         /* (budget, meta_bytes) policy metadata of each slot, zeroed when a token is stored */
+    int *live;             /* (cap) slot ids of the live tokens, in increasing position order */
+    int32_t *pos;          /* (cap) original position of the token in each slot (the newest one it covers after a
+                              merge); -1 = free */
+    int32_t *pos0;         /* (cap) the oldest position a slot covers (a merged slot covers pos0..pos), or NULL when
+                              the policy never merges (every slot covers its pos alone) */
+    int band_first[KV_MAX_BANDS];   /* first slot id of each band (0 for the last) */
+    int band_slots[KV_MAX_BANDS];   /* slots of each band (0: the lane is too small to reach it) */
+    int *free[KV_MAX_BANDS];        /* (band_slots) stack of each band's free slot ids; n_free of them */
+    int n_free[KV_MAX_BANDS];
+    uint8_t *k[KV_MAX_BANDS];       /* (band_slots, k bytes of the band) keys in the band's key type */
+    uint8_t *v[KV_MAX_BANDS];       /* (band_slots, v bytes of the band) values in the band's value type */
+    uint8_t *meta;         /* (cap, meta_bytes) policy metadata of each slot, zeroed when a token is stored. It lives
+                              beside the vectors, not with them: the policy owns it and may write it through a
+                              const KVLane (kv_rank_meta) */
     int peak_live;         /* slots, the most ever live */
 } KVLane;
+
+/* The read-only lane view a policy works from: ranks 0..n_live-1 are the live tokens, oldest first. A policy never
+ * sees slot ids, free lists or vectors; it answers with ranks. Its metadata for rank i: kv_rank_meta. */
+static inline int kv_rank_pos(const KVLane *ln, int i) { return ln->pos[ln->live[i]]; }
+static inline int kv_rank_pos0(const KVLane *ln, int i) { return ln->pos0 ? ln->pos0[ln->live[i]] : kv_rank_pos(ln, i); }
+static inline uint8_t *kv_rank_meta(const KVLane *ln, int i, size_t meta_bytes) {
+    return ln->meta + (size_t)ln->live[i] * meta_bytes;
+}
 
 typedef struct KVPolicy KVPolicy;
 typedef struct KVCache KVCache;
 
-/* The policy interface. A policy is a table of these callbacks plus its state; policies.c registers them by name.
+/* The policy interface (v2). A policy is a table of these callbacks plus its state; policies.c registers them by
+ * name. It is shown a lane as the read-only view above and answers with VERBS on ranks that the cache carries out,
+ * accounts for, logs (-kvlog) and mirrors to the device:
+ *   evict   (step 1, and prune after step 4) the ranks to free;
+ *   select  (step 3) the ranks this query reads; without it every live rank;
+ *   merge   (step 1) runs of adjacent ranks that become one slot, key and value their mean;
+ *   observe (step 4) this step's attention probabilities over the lane's ranks;
+ *   recode  moving a token to another storage form is the cache's own rule (prec=, by age), taken by any policy.
+ * clone/restore (kv_cache_clone) copy a cache with its policy state: a policy's state is the one block `state` of
+ * `state_bytes` (policy_state_alloc in policies.c), copied as bytes, so it holds no pointers.
  * Lane index `lane` = l * n_kv_heads + g. Positions are tokens' original positions. Every callback is optional. */
 typedef struct {
     const char *name;
@@ -133,12 +177,15 @@ typedef struct {
                                   over every registered policy use it */
     const char *options;       /* its own keys, for error messages ("sinks=S"), or "" */
     const char *reason;        /* why it evicts, for the -kvlog "reason" field ("lowest accumulated attention") */
+    const char *family;        /* eviction, merging, selection (-h policies) */
     int needs_budget;          /* 1: NAME:BUDGET is required */
-    int evicts;                /* 1: the lane stays within its budget by evicting; 0: it stops at -c (full, snapkv) */
+    int evicts;                /* 1: the lane stays within its budget by evicting (or merging); 0: it stops at -c
+                                  (full, snapkv, the selection policies) */
     int grows;                 /* 1: lanes have room for -c tokens whatever the budget (snapkv grows after its
-                                  compression); the budget is then the policy's own target */
+                                  compression, a selection policy stores every token); the budget is then the
+                                  policy's own target (snapkv) or what a query reads (selection) */
     int prompt_end;            /* 1: acts at the end of the prompt (kv_set_prompt_len or prefill=P) */
-    int needs_attention;       /* 1: wants step 4's probabilities */
+    int select_scores;         /* 1: select is given the group-mean scores of every live key (topk) */
     int cross_layer;           /* 1: its decisions at layer l may depend on other layers' attention of the same token,
                                   so a chunk cannot run layer by layer: forward_chunk and -chunk fall back to token
                                   by token. 0 (every policy today): layer-local, batched evaluation is exact */
@@ -147,23 +194,37 @@ typedef struct {
      * message; on -1 the caller still calls free. */
     int (*init)(KVPolicy *p, KVSpec *spec, const KVShape *shape, int budget, char *err, size_t errlen);
     void (*free)(KVPolicy *p);
+    /* Checks a spec against the run mode ("generate", "chat", "ppl", "passkey", "bench"), e.g. snapkv needs prefill=
+     * in ppl, which has no prompt. 0, or -1 + message. */
+    int (*check_mode)(const KVSpec *spec, const char *mode, char *err, size_t errlen);
     /* Bytes of policy metadata per slot (ln->meta), for the layout and the accounting. It depends on the spec and the
      * budget only, never on the state, so byte budgets can be resolved before init (read keys with kv_spec_value). */
     size_t (*meta_bytes_per_slot)(const KVSpec *spec, int budget);
     /* Forget all tokens (a new document); lanes are already empty and their meta zeroed. */
     void (*reset)(KVPolicy *p);
-    /* A token at `pos` was stored in `slot` of `lane` (its meta is zero). */
-    void (*on_insert)(KVPolicy *p, int lane, KVLane *ln, int slot, int pos);
-    /* Step 1: the lane is full before storing the token at pos_now. Write up to `max` slots to free into victims and
-     * a score for each (for the log), return how many (>= 1), or 0 when the policy cannot evict (the cache is full). */
-    int (*victims)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *victims, int max, double *score);
-    /* Step 4: prob (n_live) aggregated over the GQA group as agg= says, and mean (n_live) the group mean (the same
-     * pointer when agg=mean), both in the order of ln->live; pos_now is the query's position. */
-    void (*on_attend)(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int pos_now);
+    /* A token at `pos` was stored at rank `rank` (the lane's newest) of `lane`; its meta is zero. */
+    void (*on_insert)(KVPolicy *p, int lane, const KVLane *ln, int rank, int pos);
+    /* Step 1, merge: before the fullness check of the token at pos_now. Write up to `max` runs of adjacent ranks
+     * (first[j], count[j] >= 2, in increasing order, not overlapping) to merge; return how many (0: none). The
+     * merged slot takes the newest token's slot, position and metadata and covers the run's positions. */
+    int (*merge)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *first, int *count, int max);
+    /* Step 1, evict: the lane is full before storing the token at pos_now. Write up to `max` ranks to free into
+     * ranks (any order, no repeats) and a score for each (for the log), return how many (>= 1), or 0 when the policy
+     * cannot evict (the cache is full). */
+    int (*evict)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *ranks, int max, double *score);
+    /* Step 3, select: write the ranks the query at pos_now reads (increasing, the newest rank n_live-1 among them
+     * unless the policy says otherwise in its comment), at most `max`; return how many (>= 1). score (n_live): with
+     * select_scores, the group mean over the GQA group's query heads of q·k_i/√head_dim for every live rank, else
+     * NULL. */
+    int (*select)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, const float *score, int *ranks, int max);
+    /* Step 4, observe: prob (n_live) aggregated over the GQA group as agg= says, and mean (n_live) the group mean
+     * (the same pointer when agg=mean), both in rank order (0 for a rank the query did not read); pos_now is the
+     * query's position. */
+    void (*observe)(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int pos_now);
     /* After all lanes of layer l attended at pos_now (for per-layer policies such as TOVA per=layer). */
     void (*on_layer_done)(KVPolicy *p, int layer, int pos_now);
-    /* After step 4 of each lane: slots to free now whatever the fill (snapkv's compression). Returns how many. */
-    int (*prune)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *victims, int max, double *score);
+    /* After step 4 of each lane: ranks to free now whatever the fill (snapkv's compression), as evict. */
+    int (*prune)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *ranks, int max, double *score);
     /* The resolved parameters, for the start-up line ("recent=128"). */
     void (*describe)(const KVPolicy *p, char *buf, size_t len);
 } KVPolicyOps;
@@ -172,11 +233,14 @@ struct KVPolicy {
     const KVPolicyOps *ops;
     const KVSpec *spec;
     int n_lanes, n_kv_heads, n_heads;
-    int budget;            /* tokens per lane, the policy's budget (snapkv: its compression target) */
+    int budget;            /* tokens per lane, the policy's budget (snapkv: its compression target; selection: what a
+                              query reads) */
     int prompt_len;        /* tokens of the prompt (positions 0..prompt_len-1), 0 = not known; kv_set_prompt_len */
     AggMode agg;
-    KVLane *lanes;         /* (n_lanes) the cache's lanes, for per-layer policies */
-    void *state;
+    size_t meta_bytes;     /* bytes of metadata per slot (meta_bytes_per_slot's answer) */
+    const KVLane *lanes;   /* (n_lanes) the cache's lanes, for per-layer policies */
+    void *state;           /* one block of state_bytes, or NULL */
+    size_t state_bytes;
 };
 
 /* Registry (policies.c). */
@@ -199,17 +263,30 @@ typedef struct {
                                        vector part people quote */
 } KVBytes;
 
-/* An event the cache reports to an optional eviction log (-kvlog). */
-typedef void (*KVEvictFn)(void *ctx, int pos_now, int layer, int kv_head, int evicted_pos, double score,
-                          const char *reason);
+/* An event the cache reports to an optional log (-kvlog), one per token affected:
+ *   KV_EV_EVICT   the token at `pos` was freed (score: the policy's, reason: the policy's `reason`);
+ *   KV_EV_MERGE   the tokens pos0..pos (n slots, adjacent ranks) became one slot at position pos;
+ *   KV_EV_RECODE  the token at `pos` moved to band `band`, stored as ktype/vtype from now on. */
+typedef enum { KV_EV_EVICT, KV_EV_MERGE, KV_EV_RECODE } KVEventKind;
+typedef struct {
+    KVEventKind kind;
+    int pos_now, layer, kv_head;
+    int pos, pos0, n;       /* the token (merge: the newest; pos0 the oldest covered, n slots merged) */
+    int band;               /* recode: the band it moved to */
+    KVType ktype, vtype;    /* recode: its storage form there */
+    double score;           /* evict */
+    const char *reason;     /* evict: why (the policy's reason) */
+} KVEvent;
+typedef void (*KVEventFn)(void *ctx, const KVEvent *ev);
 
 /* Changes to a lane's slots, reported in order to an optional observer: the CUDA mirror (attn.cu), which is told
  * which slots changed instead of rescanning or copying the cache (the reason for the index-list design above).
  *   KV_SLOT_STORE  this step's k, v (before RoPE) went into `slot`, now the lane's last live entry (`rank`);
- *   KV_SLOT_MOVE   the residual token in f32 slot `from` was encoded into typed slot `slot`; live[rank] changed;
+ *   KV_SLOT_MOVE   the token in slot `from` was recoded into slot `slot` of the next band; live[rank] changed;
  *   KV_SLOT_FREE   `slot` was freed; live entries from `rank` on are no longer where they were (compaction);
  *   KV_SLOT_RESET  every lane is empty (lane, slot, from, rank are -1).
- * Within one kv_append a MOVE comes before the STORE that reuses its f32 slot. */
+ * Within one kv_append a MOVE comes before the STORE that reuses its slot. (The CUDA mirror takes one or two bands
+ * and no merge or selection; attn.cu refuses the rest when it attaches.) */
 typedef enum { KV_SLOT_STORE, KV_SLOT_MOVE, KV_SLOT_FREE, KV_SLOT_RESET } KVSlotEvent;
 typedef void (*KVSlotFn)(void *ctx, KVSlotEvent ev, int lane, int slot, int from, int rank, int pos,
                          const float *k, const float *v);   /* STORE: position, k and v (head_dim each, k before RoPE) */
@@ -222,10 +299,17 @@ struct KVCache {
     KVShape shape;
     KVSpec spec;
     KVPolicy policy;
-    int budget;              /* slots per lane: the policy's budget, or -c for full and snapkv */
-    int residual;            /* slots per lane in the f32 region (spec.residual; 0 when both types are f32) */
-    size_t k_bytes, v_bytes; /* bytes of one typed key / value vector */
+    int budget;              /* slots per lane, the most of any lane (the row stride of scores): the policy's budget,
+                                or -c for full, snapkv and selection */
+    int n_bands;             /* precision bands (1: none) */
+    KVType band_ktype[KV_MAX_BANDS], band_vtype[KV_MAX_BANDS];
+    size_t band_kb[KV_MAX_BANDS], band_vb[KV_MAX_BANDS];   /* bytes of one key / value vector in each band */
+    int band_want[KV_MAX_BANDS];   /* slots each band asks for (prec=, residual=), the last 0: the rest */
+    int residual;            /* slots of band 0 when there are two bands and band 0 is f32 (residual=R), else 0: what
+                                the CUDA mirror takes */
+    size_t k_bytes, v_bytes; /* bytes of one key / value vector of the last band (the base type) */
     size_t meta_bytes;       /* bytes of policy metadata per slot */
+    int merges;              /* 1: the policy merges: lanes keep pos0 */
     KVLane *lanes;           /* (n_layers * n_kv_heads) */
     uint8_t *arena;          /* one allocation for every lane array */
     size_t arena_bytes;
@@ -245,15 +329,20 @@ struct KVCache {
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
     float *rope_t;           /* (head_dim/2, 2) cos, sin of position rope_t_pos, shared by the layers of a step */
     int rope_t_pos;
-    int *victim_buf;         /* (budget) */
+    int *victim_buf;         /* (budget) ranks a verb names */
+    int *run_buf;            /* (budget) merge run lengths */
     double *score_buf;       /* (budget) */
+    float *sel_score;        /* (budget) group-mean scores for select */
+    int *read_rank;          /* (n_kv_heads, budget) the ranks the last step of the layer read, per kv head */
+    int *read_n;             /* (n_kv_heads) how many; -1 = every live rank */
     size_t live_bytes;       /* total live bytes now, kept as slots fill, move and free (kv_bytes recounts them) */
     size_t peak_live_bytes;
-    KVEvictFn on_evict; void *evict_ctx;
+    KVEventFn on_event; void *event_ctx;
     int n_evictions;         /* tokens evicted, all lanes, since init */
+    int n_merged;            /* slots merged away, all lanes, since init */
     /* the second axis, since init: KV bytes attention read (every slot a query attended, in its stored form: vectors,
-       scales and minimums; counted once per kv head, as GQA's query heads share the read) and the tokens that read
-       them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
+       scales and minimums; counted once per kv head, as GQA's query heads share the read; a selection policy's full
+       score pass counts every key) and the tokens that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
     uint64_t bytes_read;
     long steps_read;
     uint64_t bytes_moved;    /* between memory tiers: 0 until a cache has a slow tier */
@@ -267,7 +356,18 @@ struct KVCache {
  * Returns 0, or -1 + message (budget 0, budget not above what the policy protects, unknown key, byte budget too
  * small). */
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen);
+/* As kv_cache_init, with ragged budgets: lane i gets caps[i] slots (each >= 1; NULL: the budget for every lane), and
+ * memory for exactly those slots (a lane's unused share is never allocated). The policy's budget stays the spec's;
+ * allocation rules (alloc=) that split a total budget over lanes call this. 0, or -1 + message. */
+int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, char *err,
+                        size_t errlen);
 void kv_cache_free(KVCache *c);
+/* clone/restore: dst becomes a copy of src (same shape and spec, every lane, every policy's state, the counters);
+ * kv_cache_clone creates dst, kv_cache_restore copies src into a dst made from the same spec (a clone of it). Used to
+ * run several continuations from one shared context. Neither cache may have a device mirror attached; the event
+ * and slot observers are not copied. 0, or -1 + message. */
+int kv_cache_clone(KVCache *dst, const KVCache *src, char *err, size_t errlen);
+int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen);
 /* Forget every token (between documents): all lanes empty, policy state reset, the prompt length back to prefill=.
  * Peaks (KVLane.peak_live, kv_bytes().peak_live) and n_evictions are kept: they count since kv_cache_init. */
 void kv_cache_reset(KVCache *c);
@@ -277,7 +377,8 @@ void kv_cache_reset(KVCache *c);
  * document: a later call (a second chat turn) is ignored until kv_cache_reset. Other policies ignore it. */
 void kv_set_prompt_len(KVCache *c, int n_tokens);
 
-/* Steps 1 and 2 for every lane of layer l: evict if full, then store the token at position t.
+/* Steps 1 and 2 for every lane of layer l: merge what the policy merges, evict if full, then store the token at
+ * position t (recoding older tokens into later bands as bands fill).
  * k, v: (n_kv_heads * head_dim) before RoPE. Returns 0, or -1 when a lane is full and the policy cannot evict
  * (`full` past its context). */
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
@@ -285,7 +386,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * kv_attend_chunk in every build, attn.cu's kernels and their CPU twin: tests/test_attn_ref.c, tests/test_attn.cu).
  * q (n_heads * head_dim, before RoPE) is the token at position t, stored by kv_append(c, l, t, ...) just before; for
  * each query head h, with lane (l, h / (n_heads / n_kv_heads)) holding n live slots k_i, v_i in rank (position) order:
- *   keys    the f32 key as stored: the f32 residual region as is, f16/bf16/q8/q4 decoded (kv_decode); under pos=orig
+ *   keys    the f32 key as stored: an f32 band as is, f16/bf16/q8/q4 decoded (kv_decode); under pos=orig
  *           it was rotated by its position when stored, under pos=cache it is rotated now by its rank i (StreamingLLM,
  *           Xiao et al. 2023, §3.2), and the query by t (pos=orig) or by n-1 (pos=cache) (RoPE: Su et al. 2021);
  *   scores  s_i = (q·k_i)/√head_dim (scaled dot-product attention, Vaswani et al. 2017, eq. 1), f32;
@@ -295,9 +396,14 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * beyond what the compiler does without reassociating, no threads, so its bits are those of its C on any build. It
  * is slow (each key decoded once per query head) and not bit-identical to the fast paths, which agree with it within
  * a bound derived from f32 rounding over head_dim and n (tests/attn_ref_check.h). As kv_attend_cpu, it leaves p_i of
- * query head h in c->scores[h * budget + i] and ends with step 4 (kv_attend_policy). No errors: n >= 1 (the token
- * itself is live). */
+ * query head h in c->scores[h * budget + i] and ends with step 4 (kv_attend_policy). A selection policy (select)
+ * goes through kv_attend_select instead, on every backend. No errors: n >= 1 (the token itself is live). */
 void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q);
+/* Steps 3 and 4 of a selection policy, by definition and for every backend: for each lane, the group-mean scores of
+ * every live key (when the policy asks for them, select_scores), the policy's chosen ranks S; then each query head
+ * of the group attends over S alone exactly as kv_attend_ref does over all ranks (probabilities 0 off S, in
+ * c->scores), and step 4 (the read set stays in c->read_rank for recall: kv_lane_read). */
+void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q);
 /* Steps 3 and 4 as kv_attend_ref defines them, fast (attn_cpu.c): the same contract and outputs within the bound of
  * tests/attn_ref_check.h; the probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run in
  * parallel under OpenMP; each output is computed by one thread in an order of operations fixed by the code, so any
@@ -309,8 +415,8 @@ typedef void (*KVAttnHook)(void *ctx, int l, const KVCache *c, int pos);
 /* Steps 1-4 for n consecutive tokens of layer l at positions pos0..pos0+n-1, in order, with hook (may be NULL) after
  * each token's step 4: the same bits as kv_append + kv_attend_cpu + hook token by token, for any n and thread count.
  * The forward pass's CPU entry point (run.c, forward_layer). q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads *
- * head_dim), before RoPE. While no slot of the layer can be freed (every lane has room, no prune, no residual region,
- * CPU attention, the fast backend) step 3 runs for the whole chunk at once, reading each key and value once per chunk
+ * head_dim), before RoPE. While no slot of the layer can be freed or moved (every lane has room, no prune, merge or
+ * select, one band, CPU attention, the fast backend) step 3 runs for the whole chunk at once, reading each key and value once per chunk
  * instead of once per token. With c->backend KV_BACKEND_REF it is kv_append + kv_attend_ref + hook token by token.
  * Not reentrant: its large scratch is shared by every cache of the process (call it for one cache at a time).
  * Returns 0, or -1 as kv_append. */
@@ -357,6 +463,24 @@ static inline int kv_layer_local(const KVCache *c) { return !c->policy.ops->cros
 /* Slots of a lane that are live now, as positions in increasing order (for tests and logs): writes up to max
  * positions, returns count. */
 int kv_lane_positions(const KVCache *c, int l, int g, int *positions, int max);
+/* What the last query of layer l read in lane (l, g), for recall: the ranks it attended (every live rank, or a
+ * selection policy's set), as ranges of covered positions: writes up to max (first, last) pairs into spans (a merged
+ * slot covers several positions, any other one its own), returns how many. */
+int kv_lane_read(const KVCache *c, int l, int g, int *spans, int max);
+/* The band of a slot and its stored key / value bytes (kv_slot_k, kv_slot_v), for attention paths and the mirror. */
+static inline int kv_slot_band(const KVLane *ln, int slot) {
+    int b = 0;
+    while (slot < ln->band_first[b]) b++;
+    return b;
+}
+static inline const uint8_t *kv_slot_k(const KVCache *c, const KVLane *ln, int slot) {
+    int b = kv_slot_band(ln, slot);
+    return ln->k[b] + (size_t)(slot - ln->band_first[b]) * c->band_kb[b];
+}
+static inline const uint8_t *kv_slot_v(const KVCache *c, const KVLane *ln, int slot) {
+    int b = kv_slot_band(ln, slot);
+    return ln->v[b] + (size_t)(slot - ln->band_first[b]) * c->band_vb[b];
+}
 
 /* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator whose output is the same on every platform; any
  * seed, 0 included, gives a good stream. One copy for the sampler, the passkeys, export's random models and the tests.

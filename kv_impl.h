@@ -23,27 +23,27 @@ static inline size_t kv_key_panel_slots(int budget) {
     return (size_t)(budget + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK;
 }
 
-/* The f32 key of the lane's i-th live slot as step 3 sees it: read from the f32 region (slots >= budget - residual)
- * or decoded from ktype, then, under pos=cache, rotated by its rank i (the table c->rope_cs, = kv_rope_cs(i)); under
- * pos=orig it was rotated by its position when stored. Returns a pointer into the cache (f32, pos=orig) or x
- * (head_dim) when it had to be decoded or rotated. Inline: the fast path calls it once per key. */
+/* The f32 key of the lane's i-th live slot as step 3 sees it: read as is from an f32 band or decoded from its band's
+ * key type, then, under pos=cache, rotated by its rank i (the table c->rope_cs, = kv_rope_cs(i)); under pos=orig it
+ * was rotated by its position when stored. Returns a pointer into the cache (f32, pos=orig) or x (head_dim) when it
+ * had to be decoded or rotated. Inline: the fast path calls it once per key. */
 static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
-    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
-    const float *k = slot >= Q ? ln->kres + (size_t)(slot - Q) * hd
-                   : c->spec.ktype == KV_F32 ? (const float *)(const void *)(ln->k + (size_t)slot * c->k_bytes) : NULL;
+    int slot = ln->live[i], hd = c->shape.head_dim, b = kv_slot_band(ln, slot);
+    const uint8_t *src = ln->k[b] + (size_t)(slot - ln->band_first[b]) * c->band_kb[b];
+    const float *k = c->band_ktype[b] == KV_F32 ? (const float *)(const void *)src : NULL;
     if (c->spec.pos == POS_ORIG && k) return k;
     if (k) memcpy(x, k, (size_t)hd * sizeof(float));
-    else kv_decode(x, c->spec.ktype, ln->k + (size_t)slot * c->k_bytes, hd);
+    else kv_decode(x, c->band_ktype[b], src, hd);
     if (c->spec.pos == POS_CACHE) kv_rope_apply(x, &c->shape, c->rope_cs + (size_t)i * hd);
     return x;
 }
 
 /* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
 static inline const float *kv_lane_value(const KVCache *c, const KVLane *ln, int i, float *x) {
-    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
-    if (slot >= Q) return ln->vres + (size_t)(slot - Q) * hd;
-    if (c->spec.vtype == KV_F32) return (const float *)(const void *)(ln->v + (size_t)slot * c->v_bytes);
-    kv_decode(x, c->spec.vtype, ln->v + (size_t)slot * c->v_bytes, hd);
+    int slot = ln->live[i], b = kv_slot_band(ln, slot);
+    const uint8_t *src = ln->v[b] + (size_t)(slot - ln->band_first[b]) * c->band_vb[b];
+    if (c->band_vtype[b] == KV_F32) return (const float *)(const void *)src;
+    kv_decode(x, c->band_vtype[b], src, c->shape.head_dim);
     return x;
 }
 

@@ -1,15 +1,18 @@
 /* policies.c: the KV-cache policies, one section each, registered in one table at the end.
- * A policy only chooses victims and keeps its per-slot state in the lane's `meta` bytes; storage, attention and
- * accounting are kv.c's. It deliberately knows nothing of the model or of the device the attention runs on.
+ * A policy reads a lane through its read-only view (ranks, positions, its own metadata: kv.h) and answers with verbs
+ * on ranks (evict, merge, select); storage, attention and accounting are kv.c's. It deliberately knows nothing of the
+ * model or of the device the attention runs on.
  *
  * HOW TO ADD A POLICY: write a section below with a KVPolicyOps table (kv.h says what each callback is told and
  * when), cite the paper and section it implements, declare its per-slot metadata in meta_bytes_per_slot (kv.c
- * allocates it, zeroes it for each new token, moves it with the token and counts it), read its own keys with
+ * allocates it, zeroes it for each new token, moves it with the token and counts it; kv_rank_meta reads it by rank),
+ * keep its other state in one block from state_new (clone/restore copy it as bytes), read its own keys with
  * kv_spec_get in init (an unread key is an error), list them in .options, check that the budget exceeds what it
- * protects (the current token counted) by at least one slot it chooses itself, never return a protected slot, break
- * ties by the oldest position, and add it to `registry` at the end. Nothing outside this file changes.
+ * protects (the current token counted) by at least one slot it chooses itself, never name a protected rank, break
+ * ties by the oldest position, give it an .example that runs in every mode, and add it to `registry` at the end.
+ * Nothing outside this file changes, but the tests' independent reference (tests/test_policies.c) gains its case.
  *
- * Rules every policy here follows (docs/DESIGN.md, Semantics): `victims` is asked at step 1 of the token at pos_now,
+ * Rules every policy here follows (docs/DESIGN.md, Semantics): `evict` is asked at step 1 of the token at pos_now,
  * before it is stored, from the state after step pos_now-1; `recent=R` protects positions pos_now-R+1..pos_now (the
  * current token counted); a score-based policy keeps one token set per kv head (lane), from the attention of the
  * query heads of its GQA group aggregated by agg= (mean or max); thresholds compare the group mean whatever agg= is;
@@ -54,28 +57,32 @@ static int check_budget(const KVSpec *sp, const char *name, int budget, int prot
                 sp->text, what, protected, name, budget, protected + 1, *fix ? ", or " : "", fix);
 }
 
-static void state_free(KVPolicy *p) { free(p->state); p->state = NULL; }
+/* The policy's state: one zeroed block of `bytes` (kv_cache_free frees it; clone/restore copy it as bytes, so it
+ * holds no pointers). NULL when out of memory. */
+static void *state_new(KVPolicy *p, size_t bytes) {
+    p->state = calloc(1, bytes);
+    p->state_bytes = p->state ? bytes : 0;
+    return p->state;
+}
 
 static int lane_layer(const KVPolicy *p, int lane) { return lane / p->n_kv_heads; }
 
-/* Per-slot metadata views (kv.c aligns ln->meta to 16 bytes). */
-static float *meta_f32(KVLane *ln) { return (float *)(void *)ln->meta; }
-static const float *meta_f32c(const KVLane *ln) { return (const float *)(const void *)ln->meta; }
+/* The f32 metadata of rank i (kv.c aligns each slot's metadata to its size of 4 bytes). */
+static float *rank_f32(const KVLane *ln, int i) { return (float *)(void *)kv_rank_meta(ln, i, 4); }
 static size_t meta_4(const KVSpec *sp, int budget) { (void)sp; (void)budget; return 4; }
 
-/* The live rank just past the candidates when positions > t - recent are protected: live[0..return) are candidates. */
+/* The rank just past the candidates when positions > t - recent are protected: ranks [0, return) are candidates. */
 static int candidates_end(const KVLane *ln, int t, int recent) {
     int n = ln->n_live;
-    while (n > 0 && ln->pos[ln->live[n - 1]] > t - recent) n--;
+    while (n > 0 && kv_rank_pos(ln, n - 1) > t - recent) n--;
     return n;
 }
 
-/* The candidate rank in [i0, i1) with the lowest float score in meta; ties go to the oldest (the first). */
+/* The candidate rank in [i0, i1) with the lowest f32 score in meta; ties go to the oldest (the first). */
 static int argmin_f32(const KVLane *ln, int i0, int i1) {
-    const float *m = meta_f32c(ln);
     int best = i0;
     for (int i = i0 + 1; i < i1; i++)
-        if (m[ln->live[i]] < m[ln->live[best]]) best = i;
+        if (*rank_f32(ln, i) < *rank_f32(ln, best)) best = i;
     return best;
 }
 
@@ -85,7 +92,7 @@ static int argmin_f32(const KVLane *ln, int i0, int i1) {
 
 static const KVPolicyOps policy_full = {
     .example = "full",
-    .name = "full",
+    .name = "full", .family = "eviction",
     .paper = "the plain KV cache of a Transformer decoder (Vaswani et al. 2017)",
     .summary = "never evict; budget = the context (-c)", .options = "", .reason = "none",
     .needs_budget = 0, .evicts = 0,
@@ -96,18 +103,18 @@ static const KVPolicyOps policy_full = {
  * 2020, §3.1, applied to the cache). Victim: the oldest live token. window:1 is allowed: each token sees itself.
  * ------------------------------------------------------------------------------------------------------------- */
 
-static int window_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
-    victims[0] = ln->live[0];
+static int window_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    victims[0] = 0;
     score[0] = 0;
     return 1;
 }
 
 static const KVPolicyOps policy_window = {
     .example = "window:16",
-    .name = "window",
+    .name = "window", .family = "eviction",
     .paper = "sliding window: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1",
     .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
-    .needs_budget = 1, .evicts = 1, .victims = window_victims,
+    .needs_budget = 1, .evicts = 1, .evict = window_evict,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -120,9 +127,8 @@ static const KVPolicyOps policy_window = {
 typedef struct { int sinks; } SinkState;
 
 static int sink_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    SinkState *st = calloc(1, sizeof *st);
+    SinkState *st = state_new(p, sizeof *st);
     if (!st) return errorf(err, errlen, "out of memory");
-    p->state = st;
     long s = 4;
     if (opt_int(sp, "sinks", 0, 1 << 24, &s, err, errlen) < 0) return -1;
     st->sinks = (int)s;
@@ -132,9 +138,9 @@ static int sink_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, 
     return check_budget(sp, "sink", budget, st->sinks + 1, what, budget >= 2 ? fix : "", err, errlen);
 }
 
-static int sink_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+static int sink_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     SinkState *st = p->state;
-    victims[0] = ln->live[st->sinks];
+    victims[0] = st->sinks;
     score[0] = 0;
     return 1;
 }
@@ -145,11 +151,11 @@ static void sink_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_sink = {
     .example = "sink:16,sinks=4",
-    .name = "sink",
+    .name = "sink", .family = "eviction",
     .paper = "StreamingLLM: Xiao et al. 2023, arXiv:2309.17453, section 3.2",
     .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
     .options = "sinks=S (default 4)", .reason = "oldest after the sinks", .needs_budget = 1, .evicts = 1,
-    .init = sink_init, .free = state_free, .victims = sink_victims, .describe = sink_describe,
+    .init = sink_init, .evict = sink_evict, .describe = sink_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -164,9 +170,8 @@ static const KVPolicyOps policy_sink = {
 typedef struct { int recent; } RecentState;
 
 static int h2o_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    RecentState *st = calloc(1, sizeof *st);
+    RecentState *st = state_new(p, sizeof *st);
     if (!st) return errorf(err, errlen, "out of memory");
-    p->state = st;
     long r = budget / 2 > 1 ? budget / 2 : 1;
     if (opt_int(sp, "recent", 1, 1 << 24, &r, err, errlen) < 0) return -1;
     st->recent = (int)r;
@@ -176,16 +181,15 @@ static int h2o_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, c
     return check_budget(sp, "h2o", budget, st->recent, what, budget >= 2 ? fix : "", err, errlen);
 }
 
-static void h2o_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
-    float *acc = meta_f32(ln);
-    for (int i = 0; i < ln->n_live; i++) acc[ln->live[i]] += prob[i];
+static void h2o_observe(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int t) {
+    for (int i = 0; i < ln->n_live; i++) *rank_f32(ln, i) += prob[i];
 }
 
-static int h2o_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+static int h2o_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     RecentState *st = p->state;
     int i = argmin_f32(ln, 0, candidates_end(ln, t, st->recent));
-    victims[0] = ln->live[i];
-    score[0] = meta_f32c(ln)[victims[0]];
+    victims[0] = i;
+    score[0] = *rank_f32(ln, i);
     return 1;
 }
 
@@ -195,12 +199,12 @@ static void recent_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_h2o = {
     .example = "h2o:16,recent=8",
-    .name = "h2o",
+    .name = "h2o", .family = "eviction",
     .paper = "H2O: Zhang et al. 2023, arXiv:2306.14048, section 4, Algorithm 1",
     .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
     .options = "recent=R (default N/2)", .reason = "lowest accumulated attention outside recent", .needs_budget = 1,
-    .evicts = 1, .needs_attention = 1, .init = h2o_init, .free = state_free, .meta_bytes_per_slot = meta_4,
-    .on_attend = h2o_on_attend, .victims = h2o_victims, .describe = recent_describe,
+    .evicts = 1, .init = h2o_init, .meta_bytes_per_slot = meta_4, .observe = h2o_observe, .evict = h2o_evict,
+    .describe = recent_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -214,32 +218,23 @@ static const KVPolicyOps policy_h2o = {
  * per kv head from its GQA group's attention. Only the current token is protected. Metadata: one f32, the last step's attention.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct { int per_layer; float *layer_score; /* (budget) sum or max over the lanes of the layer */ } TovaState;
+typedef struct { int per_layer; float layer_score[]; /* (budget) sum or max over the lanes of the layer */ } TovaState;
 
 static int tova_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    TovaState *st = calloc(1, sizeof *st);
-    if (!st) return errorf(err, errlen, "out of memory");
-    p->state = st;
     const char *per = kv_spec_get(sp, "per");
+    int per_layer = per && !strcmp(per, "layer");
+    TovaState *st = state_new(p, sizeof *st + (per_layer ? (size_t)budget * sizeof(float) : 0));
+    if (!st) return errorf(err, errlen, "out of memory");
     if (per && strcmp(per, "lane") && strcmp(per, "layer"))
         return errorf(err, errlen, "unknown per=%s in '%s'; choices: lane, layer", per, sp->text);
-    st->per_layer = per && !strcmp(per, "layer");
-    if (st->per_layer && !(st->layer_score = calloc((size_t)budget, sizeof(float))))
-        return errorf(err, errlen, "out of memory");
+    st->per_layer = per_layer;
     return check_budget(sp, "tova", budget, 1, "tova", "", err, errlen);
 }
 
-static void tova_free(KVPolicy *p) {
-    TovaState *st = p->state;
-    if (st) free(st->layer_score);
-    state_free(p);
-}
-
-static void tova_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+static void tova_observe(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int t) {
     TovaState *st = p->state;
     if (!st->per_layer) {
-        float *last = meta_f32(ln);
-        for (int i = 0; i < ln->n_live; i++) last[ln->live[i]] = prob[i];
+        for (int i = 0; i < ln->n_live; i++) *rank_f32(ln, i) = prob[i];
         return;
     }
     /* per=layer: every lane of the layer holds the same positions in the same order, so rank i is one token */
@@ -256,18 +251,17 @@ static void tova_on_layer_done(KVPolicy *p, int layer, int t) {
     TovaState *st = p->state;
     if (!st->per_layer) return;
     for (int g = 0; g < p->n_kv_heads; g++) {
-        KVLane *ln = &p->lanes[layer * p->n_kv_heads + g];
-        float *last = meta_f32(ln);
+        const KVLane *ln = &p->lanes[layer * p->n_kv_heads + g];
         /* the mean over all heads of the layer = the mean of the group means (groups are equal in size) */
         for (int i = 0; i < ln->n_live; i++)
-            last[ln->live[i]] = p->agg == AGG_MAX ? st->layer_score[i] : st->layer_score[i] / p->n_kv_heads;
+            *rank_f32(ln, i) = p->agg == AGG_MAX ? st->layer_score[i] : st->layer_score[i] / p->n_kv_heads;
     }
 }
 
-static int tova_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+static int tova_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     int i = argmin_f32(ln, 0, ln->n_live);
-    victims[0] = ln->live[i];
-    score[0] = meta_f32c(ln)[victims[0]];
+    victims[0] = i;
+    score[0] = *rank_f32(ln, i);
     return 1;
 }
 
@@ -277,13 +271,12 @@ static void tova_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_tova = {
     .example = "tova:16",
-    .name = "tova",
+    .name = "tova", .family = "eviction",
     .paper = "TOVA: Oren et al. 2024, Transformers are Multi-State RNNs, arXiv:2401.06104, section 3",
     .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
     .options = "per=lane|layer (default lane)", .reason = "lowest attention at the last step", .needs_budget = 1,
-    .evicts = 1, .needs_attention = 1, .init = tova_init, .free = tova_free, .meta_bytes_per_slot = meta_4,
-    .on_attend = tova_on_attend, .on_layer_done = tova_on_layer_done, .victims = tova_victims,
-    .describe = tova_describe,
+    .evicts = 1, .init = tova_init, .meta_bytes_per_slot = meta_4, .observe = tova_observe,
+    .on_layer_done = tova_on_layer_done, .evict = tova_evict, .describe = tova_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -329,34 +322,33 @@ static size_t scissors_meta_bytes(const KVSpec *sp, int budget) {
 }
 
 static int scissors_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    ScissorsState *st = calloc(1, sizeof *st);
+    ScissorsState *st = state_new(p, sizeof *st);
     if (!st) return errorf(err, errlen, "out of memory");
-    p->state = st;
     return scissors_params(sp, sp, budget, st, err, errlen);
 }
 
-static void scissors_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+static void scissors_observe(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int t) {
     ScissorsState *st = p->state;
     size_t mb = ((size_t)st->history + 7) / 8;
     int bit = t % st->history;
     float thr = 1.0f / (float)ln->n_live;
     for (int i = 0; i < ln->n_live; i++) {
-        uint8_t *ring = ln->meta + (size_t)ln->live[i] * mb;
+        uint8_t *ring = kv_rank_meta(ln, i, mb);
         if (mean[i] < thr) ring[bit / 8] |= (uint8_t)(1u << (bit % 8));
         else ring[bit / 8] &= (uint8_t)~(1u << (bit % 8));
     }
 }
 
-static int scissors_count(const ScissorsState *st, const KVLane *ln, int slot) {
+static int scissors_count(const ScissorsState *st, const KVLane *ln, int i) {
     size_t mb = ((size_t)st->history + 7) / 8;
-    const uint8_t *ring = ln->meta + (size_t)slot * mb;
+    const uint8_t *ring = kv_rank_meta(ln, i, mb);
     int n = 0;
     for (size_t j = 0; j < mb; j++)
         for (uint8_t b = ring[j]; b; b &= (uint8_t)(b - 1)) n++;
     return n;
 }
 
-static int scissors_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+static int scissors_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     ScissorsState *st = p->state;
     int n_cand = candidates_end(ln, t, st->recent), n = 0;
     int want = st->drop < n_cand ? st->drop : n_cand;
@@ -368,14 +360,13 @@ static int scissors_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int 
             int taken = 0;
             for (int j = 0; j < n; j++) taken |= victims[j] == i;
             if (taken) continue;
-            int cnt = scissors_count(st, ln, ln->live[i]);
+            int cnt = scissors_count(st, ln, i);
             if (cnt > best_count) { best = i; best_count = cnt; }
         }
         victims[n] = best;
         score[n] = best_count;
         n++;
     }
-    for (int j = 0; j < n; j++) victims[j] = ln->live[victims[j]];
     return n;
 }
 
@@ -386,12 +377,12 @@ static void scissors_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_scissorhands = {
     .example = "scissorhands:16,drop=2",
-    .name = "scissorhands", .paper = "Scissorhands: Liu et al. 2023, arXiv:2305.17118, section 4",
+    .name = "scissorhands", .family = "eviction", .paper = "Scissorhands: Liu et al. 2023, arXiv:2305.17118, section 4",
     .summary = "scissorhands:N frees the tokens most often below 1/n attention over the last H steps (Scissorhands)",
     .options = "recent=R, history=H (default N/4 each), drop=M (default 1)",
     .reason = "most often below 1/n attention over the history", .needs_budget = 1, .evicts = 1,
-    .needs_attention = 1, .init = scissors_init, .free = state_free, .meta_bytes_per_slot = scissors_meta_bytes,
-    .on_attend = scissors_on_attend, .victims = scissors_victims, .describe = scissors_describe,
+    .init = scissors_init, .meta_bytes_per_slot = scissors_meta_bytes, .observe = scissors_observe,
+    .evict = scissors_evict, .describe = scissors_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -404,9 +395,8 @@ static const KVPolicyOps policy_scissorhands = {
 typedef struct { float thresh; } LruState;
 
 static int lru_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    LruState *st = calloc(1, sizeof *st);
+    LruState *st = state_new(p, sizeof *st);
     if (!st) return errorf(err, errlen, "out of memory");
-    p->state = st;
     st->thresh = 1.0f;
     const char *v = kv_spec_get(sp, "thresh");
     if (v) {
@@ -420,28 +410,28 @@ static int lru_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, c
     return check_budget(sp, "lru", budget, 1, "lru", "", err, errlen);
 }
 
-static void lru_on_insert(KVPolicy *p, int lane, KVLane *ln, int slot, int pos) {
+static void lru_on_insert(KVPolicy *p, int lane, const KVLane *ln, int rank, int pos) {
     int32_t v = pos;
-    memcpy(ln->meta + (size_t)slot * 4, &v, 4);
+    memcpy(kv_rank_meta(ln, rank, 4), &v, 4);
 }
 
-static void lru_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+static void lru_observe(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int t) {
     LruState *st = p->state;
     float thr = st->thresh / (float)ln->n_live;
     int32_t v = t;
     for (int i = 0; i < ln->n_live; i++)
-        if (mean[i] >= thr) memcpy(ln->meta + (size_t)ln->live[i] * 4, &v, 4);
+        if (mean[i] >= thr) memcpy(kv_rank_meta(ln, i, 4), &v, 4);
 }
 
-static int lru_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+static int lru_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     int best = 0;
     int32_t best_use = 0;
     for (int i = 0; i < ln->n_live; i++) {
         int32_t u;
-        memcpy(&u, ln->meta + (size_t)ln->live[i] * 4, 4);
+        memcpy(&u, kv_rank_meta(ln, i, 4), 4);
         if (i == 0 || u < best_use) { best = i; best_use = u; }
     }
-    victims[0] = ln->live[best];
+    victims[0] = best;
     score[0] = best_use;
     return 1;
 }
@@ -452,12 +442,12 @@ static void lru_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_lru = {
     .example = "lru:16",
-    .name = "lru",
+    .name = "lru", .family = "eviction",
     .paper = "least recently used, the classic cache policy, with use read from attention",
     .summary = "lru:N evicts the token whose attention last reached thresh/(live slots) longest ago",
     .options = "thresh=T (default 1)", .reason = "least recently used", .needs_budget = 1, .evicts = 1,
-    .needs_attention = 1, .init = lru_init, .free = state_free, .meta_bytes_per_slot = meta_4,
-    .on_insert = lru_on_insert, .on_attend = lru_on_attend, .victims = lru_victims, .describe = lru_describe,
+    .init = lru_init, .meta_bytes_per_slot = meta_4, .on_insert = lru_on_insert, .observe = lru_observe,
+    .evict = lru_evict, .describe = lru_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -474,9 +464,8 @@ typedef struct { uint64_t seed; } RandomState;
 static uint64_t mix64(uint64_t x) { return splitmix64(&x); }
 
 static int random_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    RandomState *st = calloc(1, sizeof *st);
+    RandomState *st = state_new(p, sizeof *st);
     if (!st) return errorf(err, errlen, "out of memory");
-    p->state = st;
     st->seed = 1;
     const char *v = kv_spec_get(sp, "seed");
     if (v) {
@@ -488,12 +477,12 @@ static int random_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget
     return check_budget(sp, "random", budget, 1, "random", "", err, errlen);
 }
 
-static int random_victims(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+static int random_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
     RandomState *st = p->state;
     uint64_t r = mix64(mix64(mix64(mix64(st->seed) ^ (uint64_t)lane_layer(p, lane)) ^ (uint64_t)(lane % p->n_kv_heads))
                        ^ (uint64_t)t);
     /* r mod n: the bias is below n / 2^64, far below anything a run can observe */
-    victims[0] = ln->live[r % (uint64_t)ln->n_live];
+    victims[0] = (int)(r % (uint64_t)ln->n_live);
     score[0] = 0;
     return 1;
 }
@@ -504,11 +493,11 @@ static void random_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_random = {
     .example = "random:16,seed=1",
-    .name = "random",
+    .name = "random", .family = "eviction",
     .paper = "uniform random eviction, the baseline of the eviction papers",
     .summary = "random:N evicts a uniformly drawn token (counter-based, seed=K)",
     .options = "seed=K (default 1)", .reason = "random draw", .needs_budget = 1, .evicts = 1, .init = random_init,
-    .free = state_free, .victims = random_victims, .describe = random_describe,
+    .evict = random_evict, .describe = random_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -535,12 +524,11 @@ static int snap_prompt(KVPolicy *p) {
     if (!st->prompt && p->prompt_len > 0) st->prompt = p->prompt_len;
     return st->prompt == p->prompt_len ? st->prompt : 0;
 }
-typedef struct { float score; int pos, slot; } SnapCand;
+typedef struct { float score; int pos, rank; } SnapCand;
 
 static int snap_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    SnapState *st = calloc(1, sizeof *st);
+    SnapState *st = state_new(p, sizeof *st);
     if (!st) return errorf(err, errlen, "out of memory");
-    p->state = st;
     long w = 32, k = 7, pf = 0;
     if (opt_int(sp, "obs", 1, 1 << 20, &w, err, errlen) < 0) return -1;
     if (opt_int(sp, "kernel", 1, 1 << 10, &k, err, errlen) < 0) return -1;
@@ -560,12 +548,11 @@ static void snap_reset(KVPolicy *p) {
     st->prompt = 0;
 }
 
-static void snap_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int t) {
+static void snap_observe(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int t) {
     SnapState *st = p->state;
     int P = snap_prompt(p);
     if (P <= 0 || t >= P || t < P - st->obs) return;
-    float *acc = meta_f32(ln);
-    for (int i = 0; i < ln->n_live; i++) acc[ln->live[i]] += prob[i];
+    for (int i = 0; i < ln->n_live; i++) *rank_f32(ln, i) += prob[i];
 }
 
 static int snap_cmp(const void *a, const void *b) {
@@ -581,19 +568,26 @@ static int snap_prune(KVPolicy *p, int lane, const KVLane *ln, int t, int *victi
     int n_cand = candidates_end(ln, t, st->obs), n_keep = p->budget - (ln->n_live - n_cand);
     SnapCand *c = malloc((size_t)n_cand * sizeof *c);
     if (!c) { fprintf(stderr, "snapkv: out of memory\n"); abort(); }
-    const float *acc = meta_f32c(ln);
     int half = st->kernel / 2;
     for (int i = 0; i < n_cand; i++) {   /* max pooling over the candidates, padded at both ends */
         float m = -INFINITY;
         for (int j = i - half; j <= i + half; j++)
-            if (j >= 0 && j < n_cand && acc[ln->live[j]] > m) m = acc[ln->live[j]];
-        c[i] = (SnapCand){m, ln->pos[ln->live[i]], ln->live[i]};
+            if (j >= 0 && j < n_cand && *rank_f32(ln, j) > m) m = *rank_f32(ln, j);
+        c[i] = (SnapCand){m, kv_rank_pos(ln, i), i};
     }
     qsort(c, (size_t)n_cand, sizeof *c, snap_cmp);
     int n = n_cand - n_keep < max ? n_cand - n_keep : max;
-    for (int j = 0; j < n; j++) { victims[j] = c[j].slot; score[j] = c[j].score; }
+    for (int j = 0; j < n; j++) { victims[j] = c[j].rank; score[j] = c[j].score; }
     free(c);
     return n;
+}
+
+/* ppl has no prompt: the compression point must be given (prefill=P). */
+static int snap_check_mode(const KVSpec *sp, const char *mode, char *err, size_t errlen) {
+    if (!strcmp(mode, "ppl") && !kv_spec_value(sp, "prefill"))
+        return errorf(err, errlen, "'%s' in ppl mode needs prefill=P, the number of tokens after which %s "
+                      "compresses (ppl has no prompt), e.g. %s,prefill=1024", sp->text, sp->name, sp->text);
+    return 0;
 }
 
 static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
@@ -603,14 +597,128 @@ static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
 
 static const KVPolicyOps policy_snapkv = {
     .example = "snapkv:16,obs=4,prefill=32",
-    .name = "snapkv",
+    .name = "snapkv", .family = "eviction",
     .paper = "SnapKV: Li et al. 2024, arXiv:2404.14469, section 4",
     .summary = "snapkv:N compresses the prompt once to N tokens from its last obs queries (SnapKV)",
     .options = "obs=W (default 32), kernel=K (default 7), prefill=P (the prompt length; required in ppl)",
     .reason = "prompt compression: lowest pooled attention of the observation window", .needs_budget = 1,
-    .evicts = 0, .grows = 1, .prompt_end = 1, .needs_attention = 1, .init = snap_init, .free = state_free,
-    .reset = snap_reset, .meta_bytes_per_slot = meta_4, .on_attend = snap_on_attend, .prune = snap_prune,
-    .describe = snap_describe,
+    .evicts = 0, .grows = 1, .prompt_end = 1, .init = snap_init, .check_mode = snap_check_mode, .reset = snap_reset,
+    .meta_bytes_per_slot = meta_4, .observe = snap_observe, .prune = snap_prune, .describe = snap_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * pool:N,group=G,recent=R,sinks=S: pooling of adjacent tokens, the merging family's plainest member (the
+ * mean-pooled memory of Compressive Transformers, Rae et al. 2020, arXiv:1911.05507, section 3.1, applied to the KV
+ * cache): the S first tokens (attention sinks, as StreamingLLM keeps them; default 0) and the R most recent (the
+ * current one counted) stay as they are; between them, each G adjacent positions [S+jG, S+jG+G) become one slot as
+ * soon as all G have left the recent window (at step 1 of the token at S+jG+G-1+R), key and value the mean of the G
+ * (kv.c merges: under pos=orig the keys are averaged after rotation), position that of the newest of the G. A lane so
+ * holds the sinks, at most R-1 recent tokens, G-1 waiting to be pooled and the pooled slots; when it still reaches N
+ * slots, the oldest pooled slot is evicted (the lane is then sinks + a window over pooled history + recent). A merged
+ * slot covers its G positions for recall. A group some of whose tokens are gone (a document shorter than it) is
+ * never pooled. N must be at least S + R + G. Defaults R = N/2, G = 4, S = 0. No metadata.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int group, recent, sinks; } PoolState;
+
+static int pool_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    PoolState *st = state_new(p, sizeof *st);
+    if (!st) return errorf(err, errlen, "out of memory");
+    long g = 4, r = budget / 2 > 1 ? budget / 2 : 1, k = 0;
+    if (opt_int(sp, "group", 2, 1 << 20, &g, err, errlen) < 0) return -1;
+    if (opt_int(sp, "recent", 1, 1 << 24, &r, err, errlen) < 0) return -1;
+    if (opt_int(sp, "sinks", 0, 1 << 24, &k, err, errlen) < 0) return -1;
+    st->group = (int)g; st->recent = (int)r; st->sinks = (int)k;
+    if (budget < st->sinks + st->recent + st->group)
+        return errorf(err, errlen, "'%s': pool holds sinks=%d, recent=%d tokens, up to group-1=%d waiting to be "
+                      "pooled and at least one pooled slot: the budget must be at least sinks + recent + group = %d",
+                      sp->text, st->sinks, st->recent, st->group - 1, st->sinks + st->recent + st->group);
+    return 0;
+}
+
+static int pool_merge(KVPolicy *p, int lane, const KVLane *ln, int t, int *first, int *count, int max) {
+    PoolState *st = p->state;
+    int G = st->group, end = t - st->recent;   /* the newest position outside the recent window after the store */
+    if (end - st->sinks < G - 1 || (end - st->sinks + 1) % G) return 0;   /* no group [end-G+1, end] completes */
+    /* its tokens sit just before the R-1 recent ones, at ranks n_live-R-G+1 .. n_live-R */
+    int r0 = ln->n_live - (st->recent - 1) - G;
+    if (r0 < 0 || max < 1) return 0;
+    for (int i = 0; i < G; i++)
+        if (kv_rank_pos(ln, r0 + i) != end - G + 1 + i || kv_rank_pos0(ln, r0 + i) != kv_rank_pos(ln, r0 + i))
+            return 0;
+    first[0] = r0;
+    count[0] = G;
+    return 1;
+}
+
+static int pool_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    victims[0] = ((const PoolState *)p->state)->sinks;   /* the sinks are ranks 0..S-1: never pooled or evicted */
+    score[0] = 0;
+    return 1;
+}
+
+static void pool_describe(const KVPolicy *p, char *buf, size_t len) {
+    const PoolState *st = p->state;
+    snprintf(buf, len, "group=%d recent=%d sinks=%d", st->group, st->recent, st->sinks);
+}
+
+static const KVPolicyOps policy_pool = {
+    .example = "pool:16,group=2,recent=8",
+    .name = "pool", .family = "merging",
+    .paper = "mean pooling of adjacent tokens (Compressive Transformers, Rae et al. 2020, arXiv:1911.05507, section 3.1)",
+    .summary = "pool:N,group=G,recent=R keeps R recent tokens (and S sinks) and pools older ones G to a slot (mean)",
+    .options = "group=G (default 4), recent=R (default N/2), sinks=S (default 0)", .reason = "oldest pooled slot",
+    .needs_budget = 1,
+    .evicts = 1, .init = pool_init, .merge = pool_merge, .evict = pool_evict, .describe = pool_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * topk:B: exact top-k attention, the oracle of the selection family (the bound Quest, Tang et al. 2024,
+ * arXiv:2406.10774, §3, and its kin approximate; top-k attention as in Gupta et al. 2021, arXiv:2106.06899): the lane
+ * stores every token up to -c like `full`; each query reads the B live keys with the highest exact score, the group
+ * mean over the GQA group's query heads of q·k/√head_dim (one set per lane), nothing forced in: not the sinks, not
+ * the current token. Ties go to the older token. Bytes read per step count the full score pass (every key) and the B
+ * values. No metadata; its state is scratch for the sort.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { float score; int rank; } TopkCand;
+typedef struct { int cap; TopkCand cand[]; /* (cap) */ } TopkState;
+
+static int topk_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    int cap = shape->seq_len > budget ? shape->seq_len : budget;
+    TopkState *st = state_new(p, sizeof *st + (size_t)cap * sizeof(TopkCand));
+    if (!st) return errorf(err, errlen, "out of memory");
+    st->cap = cap;
+    return 0;
+}
+
+static int topk_cmp(const void *a, const void *b) {
+    const TopkCand *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;   /* highest score first ... */
+    return x->rank - y->rank;                                         /* ... and among equals the oldest */
+}
+static int int_cmp(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+static int topk_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, int *ranks, int max) {
+    TopkState *st = p->state;
+    int n = ln->n_live, k = p->budget < n ? p->budget : n;
+    if (k > max) k = max;
+    if (k == n) { for (int i = 0; i < n; i++) ranks[i] = i; return n; }
+    for (int i = 0; i < n; i++) st->cand[i] = (TopkCand){score[i], i};
+    qsort(st->cand, (size_t)n, sizeof *st->cand, topk_cmp);
+    for (int j = 0; j < k; j++) ranks[j] = st->cand[j].rank;
+    qsort(ranks, (size_t)k, sizeof *ranks, int_cmp);
+    return k;
+}
+
+static const KVPolicyOps policy_topk = {
+    .example = "topk:16",
+    .name = "topk", .family = "selection",
+    .paper = "exact top-k attention, the oracle selection methods approximate (Quest, Tang et al. 2024, "
+             "arXiv:2406.10774, section 3)",
+    .summary = "topk:B stores every token; each query reads the B keys with the highest exact scores (oracle)",
+    .options = "", .reason = "none", .needs_budget = 1, .evicts = 0, .grows = 1, .select_scores = 1,
+    .init = topk_init, .select = topk_select,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -618,7 +726,8 @@ static const KVPolicyOps policy_snapkv = {
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps *const registry[] = {&policy_full, &policy_window, &policy_sink, &policy_h2o, &policy_tova,
-                                              &policy_scissorhands, &policy_lru, &policy_random, &policy_snapkv};
+                                              &policy_scissorhands, &policy_lru, &policy_random, &policy_snapkv,
+                                              &policy_pool, &policy_topk};
 #define N_POLICIES (int)(sizeof registry / sizeof registry[0])
 
 const KVPolicyOps *kv_policy_find(const char *name) {

@@ -261,28 +261,36 @@ static void ids_append_text(IdList *l, const Model *m, const char *text) {
  * -kvlog: one JSON line per cache event, in every mode that runs a cache
  * ------------------------------------------------------------------------------------------------------------- */
 
-static void kvlog_event(void *ctx, int pos_now, int layer, int kv_head, int evicted_pos, double score,
-                        const char *reason) {
+/* Evictions: the evicted token (position, id, text), the policy's score and reason. Merges: the merged slot's
+ * positions first_pos..pos and how many slots became one. Recodes: the token that moved down a precision band and
+ * its storage form there. */
+static void kvlog_event(void *ctx, const KVEvent *ev) {
     KVLog *lg = ctx;
     const IdList *st = lg->stream;
-    int known = st && evicted_pos >= 0 && (size_t)evicted_pos < st->n;
+    int known = st && ev->pos >= 0 && (size_t)ev->pos < st->n;
     char piece[2 * TOKDEC_OUT_MAX + 8] = "";
     if (lg->m->has_tokenizer && known) {
         TokenDecoder d;
         tokdec_init(&d, &lg->m->tokenizer);
-        size_t n = tokdec_push(&d, st->ids[evicted_pos], piece, sizeof piece - 8);
+        size_t n = tokdec_push(&d, st->ids[ev->pos], piece, sizeof piece - 8);
         n += tokdec_flush(&d, piece + n, sizeof piece - 8 - n);
         piece[n] = 0;
     }
+    static const char *const names[] = {"evict", "merge", "recode"};
     Line *l = &lg->line;
     line_printf(l, "{\"kv\":\"");
     line_json_str(l, lg->cache->spec.text);
-    line_printf(l, "\",\"event\":\"evict\",");
+    line_printf(l, "\",\"event\":\"%s\",", names[ev->kind]);
     if (lg->doc >= 0) line_printf(l, "\"doc\":%d,", lg->doc);
-    line_printf(l, "\"step\":%d,\"layer\":%d,\"kv_head\":%d,\"evicted_pos\":%d,\"token_id\":%d,\"token\":\"", pos_now,
-                layer, kv_head, evicted_pos, known ? st->ids[evicted_pos] : -1);
+    line_printf(l, "\"step\":%d,\"layer\":%d,\"kv_head\":%d,", ev->pos_now, ev->layer, ev->kv_head);
+    if (ev->kind == KV_EV_EVICT) line_printf(l, "\"evicted_pos\":%d,", ev->pos);
+    else if (ev->kind == KV_EV_MERGE) line_printf(l, "\"pos\":%d,\"first_pos\":%d,\"merged\":%d,", ev->pos, ev->pos0, ev->n);
+    else line_printf(l, "\"pos\":%d,\"band\":%d,\"ktype\":\"%s\",\"vtype\":\"%s\",", ev->pos, ev->band,
+                     kv_type_names[ev->ktype], kv_type_names[ev->vtype]);
+    line_printf(l, "\"token_id\":%d,\"token\":\"", known ? st->ids[ev->pos] : -1);
     line_json_str(l, piece);
-    line_printf(l, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", score, reason);
+    if (ev->kind == KV_EV_EVICT) line_printf(l, "\",\"score\":%.9g,\"reason\":\"%s\"}\n", ev->score, ev->reason);
+    else line_printf(l, "\"}\n");
     outfile_line(lg->out, l);
 }
 
@@ -293,8 +301,8 @@ void kvlog_attach(KVLog *lg, OutFile *out, const Model *m, const IdList *stream,
     lg->stream = stream;
     lg->cache = c;
     lg->doc = -1;
-    c->on_evict = kvlog_event;
-    c->evict_ctx = lg;
+    c->on_event = kvlog_event;
+    c->event_ctx = lg;
 }
 
 /* The engine state of one generation: model, cache, sampler, the token stream so far. */

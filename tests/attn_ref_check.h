@@ -82,10 +82,11 @@ static void ref_answer_free(RefAnswer *a) {
 /* The stored vector of the lane's i-th live slot, decoded to f32 without RoPE (x: head_dim): read from the cache's
  * bytes here rather than through kv.c's readers, so the bound does not lean on the code it checks. */
 static void ref_stored(const KVCache *c, const KVLane *ln, int i, int value, float *x) {
-    int slot = ln->live[i], hd = c->shape.head_dim, Q = c->budget - c->residual;
-    if (slot >= Q) memcpy(x, (value ? ln->vres : ln->kres) + (size_t)(slot - Q) * hd, (size_t)hd * sizeof(float));
-    else if (value) kv_decode(x, c->spec.vtype, ln->v + (size_t)slot * c->v_bytes, hd);
-    else kv_decode(x, c->spec.ktype, ln->k + (size_t)slot * c->k_bytes, hd);
+    int slot = ln->live[i], hd = c->shape.head_dim, b = 0;
+    while (slot < ln->band_first[b]) b++;   /* the band holding the slot: bands own descending ranges of slot ids */
+    size_t row = (size_t)(slot - ln->band_first[b]);
+    if (value) kv_decode(x, c->band_vtype[b], ln->v[b] + row * c->band_vb[b], hd);
+    else kv_decode(x, c->band_ktype[b], ln->k[b] + row * c->band_kb[b], hd);
 }
 
 /* Right after kv_attend_ref(c, out, l, t, q): keep out and c->scores, and the bound of every element (above). */

@@ -2,8 +2,8 @@
  * derived in tests/attn_ref_check.h, never against another fast path: kv_attend_cpu token by token, and
  * kv_attend_chunk in chunks of 5, 64, 1, 17, 2 and 40 tokens (batched while the lanes have room, token by token once
  * they evict), over 1, 3, 37 and 513 live slots (129 under KVLAB_SANITIZE), head_dim 8, 64, 80 and 128, GQA ratios
- * 1, 3 and 4, every storage type, mixed k/v types and the f32 residual, pos=orig and pos=cache, lanes with holes
- * (random eviction). Two caches take the same stream: one attends by kv_attend_ref, the other by the path under
+ * 1, 3 and 4, every storage type, mixed k/v types, the f32 residual and three precision bands (prec=), pos=orig
+ * and pos=cache, lanes with holes (random eviction). Two caches take the same stream: one attends by kv_attend_ref, the other by the path under
  * test. Built twice: with this machine's vector instructions (tests/bin/test_attn_ref) and as portable C
  * (attn_ref_portable, which tests/test_attn_ref_portable.sh runs). Also: the REF backend makes kv_attend_chunk
  * kv_append + kv_attend_ref token by token, bit for bit, and kv_attend_ref shows the policy its probabilities (step 4).
@@ -21,6 +21,7 @@ typedef struct { const char *name, *opts; } TypeCase;
 static const TypeCase TYPES[] = {
     {"f32", "type=f32"}, {"f16", "type=f16"}, {"bf16", "type=bf16"}, {"q8", "type=q8"}, {"q4", "type=q4"},
     {"k q8 v f16", "ktype=q8,vtype=f16"}, {"q8 + residual", "type=q8,residual=R"}, {"q4 + residual", "type=q4,residual=R"},
+    {"prec f32/q8/q4", "prec=f32:R/q8:R/q4"},
 };
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 #define LAYERS 2
@@ -59,6 +60,8 @@ static void run_case(RefTally *ty, int chunked, int n, int hd, int group, const 
     snprintf(opts, sizeof opts, "%s", tc->opts);
     char *r = strstr(opts, "residual=R");
     if (r) sprintf(r, "residual=%d", n / 2 < 16 ? n / 2 : 16);
+    char *pr = strstr(opts, "prec=f32:R/q8:R/q4");   /* three bands: a quarter of the lane each in f32 and q8 */
+    if (pr) sprintf(pr, "prec=f32:%d/q8:%d/q4", n / 4 > 0 ? n / 4 : 1, n / 4 > 0 ? n / 4 : 1);
     if (n == 1) snprintf(spec, sizeof spec, "full,%s,pos=%s", opts, pos_cache ? "cache" : "orig");
     else snprintf(spec, sizeof spec, "random:%d,%s,pos=%s", n, opts, pos_cache ? "cache" : "orig");
     KVCache a, b;
@@ -227,7 +230,7 @@ static void test_backend_switch(void) {
 /* ---- step 4: kv_attend_ref shows the policy the group mean of its probabilities, in rank order ---- */
 static float seen[NKV][64];
 static int seen_n[NKV];
-static void record_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int pos_now) {
+static void record_attend(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int pos_now) {
     memcpy(seen[lane % NKV], prob, (size_t)ln->n_live * sizeof(float));
     seen_n[lane % NKV] = ln->n_live;
 }
@@ -238,8 +241,7 @@ static void test_policy_step(void) {
     KVCache c;
     if (tcache(&c, &s, "window:12,type=bf16,pos=cache")) return;
     KVPolicyOps ops = *c.policy.ops;
-    ops.on_attend = record_attend;
-    ops.needs_attention = 1;
+    ops.observe = record_attend;
     c.policy.ops = &ops;
     float q[NH * HD], k[NKV * HD], v[NKV * HD], out[NH * HD];
     int ok = 1, G = NH / NKV;

@@ -11,15 +11,15 @@
 
 static int hint;   /* rank of layer 0 lane 0's largest probability at its last step */
 
-static void xl_on_attend(KVPolicy *p, int lane, KVLane *ln, const float *prob, const float *mean, int pos_now) {
+static void xl_observe(KVPolicy *p, int lane, const KVLane *ln, const float *prob, const float *mean, int pos_now) {
     if (lane != 0) return;
     int best = 0;
     for (int i = 1; i < ln->n_live; i++) if (prob[i] > prob[best]) best = i;
     hint = best;
 }
 
-static int xl_victims(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *victims, int max, double *score) {
-    victims[0] = ln->live[hint % ln->n_live];
+static int xl_evict(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *victims, int max, double *score) {
+    victims[0] = hint % ln->n_live;
     score[0] = 0;
     return 1;
 }
@@ -38,9 +38,8 @@ static float *run(Model *m, const int *ids, int n, int chunk, const char *spec_t
     }
     if (cross >= 0) {
         *ops = *c.policy.ops;
-        ops->needs_attention = 1;
-        ops->on_attend = xl_on_attend;
-        ops->victims = xl_victims;
+        ops->observe = xl_observe;
+        ops->evict = xl_evict;
         ops->cross_layer = cross;
         c.policy.ops = ops;
     }

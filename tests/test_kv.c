@@ -202,7 +202,7 @@ static void test_bad_specs(void) {
         {"window:8,ktype=q3", "ktype=q3", "f32, f16, bf16, q8, q4"},
         {"window:8,pos=middle", "pos=middle", "orig, cache"},
         {"window:8,agg=median", "agg=median", "mean, max"},
-        {"window:8,foo=1", "'foo'", "type, ktype, vtype, residual, pos, agg"},
+        {"window:8,foo=1", "'foo'", "type, ktype, vtype, residual, prec, pos, agg"},
         {"h2o:64,recnet=8", "'recnet'", "recent=R"},
         {"tova:8,per=head", "per=head", "lane, layer"},
         {"scissorhands:8,drop=9", "drop=9", "drop <= 7"},
@@ -411,18 +411,18 @@ static void test_residual(void) {
     if (tcache(&c, &s, "window:10,type=q4,residual=3")) return;
     for (int t = 0; t < 20; t++) kv_append(&c, 0, t, AK[t][0], AV[t][0]);
     const KVLane *ln = &c.lanes[0];
-    int ok = ln->n_live == 10 && ln->n_free_r == 0, Q = c.budget - c.residual;
+    int ok = ln->n_live == 10 && c.n_bands == 2 && ln->n_free[0] == 0, Q = c.budget - c.residual;
     for (int i = 0; i < ln->n_live && ok; i++) {
         int slot = ln->live[i], p = ln->pos[slot];
         float want[AHD], got[AHD];
         uint8_t enc[AHD * 4];
         memcpy(want, AK[p][0], sizeof want);
         kv_rope(want, &s, p);
-        if (p >= 17) ok &= slot >= Q && !memcmp(ln->kres + (size_t)(slot - Q) * AHD, want, sizeof want);
+        if (p >= 17) ok &= slot >= Q && !memcmp(ln->k[0] + (size_t)(slot - Q) * AHD * 4, want, sizeof want);
         else {
             kv_encode(enc, KV_Q4, want, AHD);
             kv_decode(want, KV_Q4, enc, AHD);
-            kv_decode(got, KV_Q4, ln->k + (size_t)slot * c.k_bytes, AHD);
+            kv_decode(got, KV_Q4, ln->k[1] + (size_t)slot * c.k_bytes, AHD);
             ok &= slot < Q && !memcmp(got, want, sizeof want);
         }
     }

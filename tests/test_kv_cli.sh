@@ -39,7 +39,7 @@ expect_error "sink:abc" "'abc'" "tokens per lane (1024) or bytes"
 expect_error "nosuch:5" "'nosuch'" "$("$RUN" -h | sed -n 's/^policies: \([^(]*\) (.*/\1/p')"
 expect_error "window:8,type=q3" "type=q3" "f32, f16, bf16, q8, q4"
 expect_error "window:8,pos=middle" "pos=middle" "orig, cache"
-expect_error "window:8,colour=red" "'colour'" "type, ktype, vtype, residual, pos, agg"
+expect_error "window:8,colour=red" "'colour'" "type, ktype, vtype, residual, prec, pos, agg"
 
 # every policy generates 60 tokens with a budget of 16, greedy, no error: 12 prompt positions + 59 fed back (the last
 # sampled token is printed, not fed) = 71 positions, more than twice the budget

@@ -5,7 +5,9 @@
 # -c 2048, at -chunk 1 and 64 on 1 thread and -chunk 64 on 2 threads, and the greedy ids of generate and chat.
 # Then `sha256sum DIR/*` of two builds (before and after a change) must be equal line for line. kvlab's own output is
 # the reference here only for "nothing changed"; golden values of correctness come from independent tools (tests/).
-# Usage: KVLAB_RUN=/path/to/run tools/baseline.sh OUTDIR       (about an hour on 2 cores; prints progress)
+# Usage: KVLAB_RUN=/path/to/run tools/baseline.sh OUTDIR       (about two hours on 2 cores; prints progress)
+# BASELINE_CFGS (default "1:1 64:1 64:2", CHUNK:THREADS) and BASELINE_VARIANTS (default "f32 q8 q4r32 cache") run a
+# part of the set; a file already in OUTDIR is kept, so a later call with the rest completes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: tools/baseline.sh OUTDIR}
@@ -21,16 +23,19 @@ zcat "$ref" | head -c 20000 >"$text" || true   # more than 2,049 tokens; -n 2048
 
 pols="window:256 sink:256 h2o:256 tova:256 scissorhands:256 lru:256 random:256 snapkv:256,prefill=512"
 variants="f32: q8:,type=q8 q4r32:,type=q4,residual=32 cache:,pos=cache"
+cfgs=${BASELINE_CFGS:-1:1 64:1 64:2}
+want=${BASELINE_VARIANTS:-f32 q8 q4r32 cache}
 fulls=("full" "full,type=q8" "full,type=q4,residual=32" "full,pos=cache")
 i=0
 for v in $variants; do
     name=${v%%:*}; suffix=${v#*:}
     args=(-kv "${fulls[$i]}"); i=$((i + 1))
+    case " $want " in *" $name "*) ;; *) continue ;; esac
     for p in $pols; do
         case $p in snapkv*) args+=(-kv "snapkv:256${suffix},prefill=512") ;; *) args+=(-kv "$p$suffix") ;; esac
     done
-    for cfg in "1 1" "64 1" "64 2"; do
-        set -- $cfg
+    for cfg in $cfgs; do
+        set -- ${cfg/:/ }
         f=$out/ppl_${name}_chunk$1_t$2.tok
         [ -s "$f" ] && { echo "baseline: $f exists, kept" >&2; continue; }
         echo "baseline: $name -chunk $1, $2 thread(s): $(date +%T)" >&2
@@ -40,6 +45,7 @@ for v in $variants; do
     done
 done
 for p in full sink:32 h2o:32 window:32,type=q8; do
+    [ -s "$out/chat_${p//[:,=]/_}.ids" ] && continue
     OMP_NUM_THREADS=2 "$RUN" "$M" -t 0 -n 64 -ids -kv "$p" -i "The capital of France is" 2>/dev/null \
         >"$out/gen_${p//[:,=]/_}.ids"
     OMP_NUM_THREADS=2 "$RUN" "$M" -m chat -t 0 -n 64 -ids -kv "$p" -i "Explain why the sky is blue." 2>/dev/null \

@@ -329,6 +329,22 @@ static int bench(const char *model_path) {
 }
 #endif
 
+/* What the mirror does not take yet is refused when it attaches, with a message naming the spec and the CPU way. */
+static void test_refused(void) {
+    const char *specs[] = {"full,prec=f32:4/q8:8/q4", "full,prec=q8:4/q4", "pool:16,group=2,recent=8", "topk:8"};
+    for (int i = 0; i < 4; i++) {
+        KVShape s = tshape(2, 4, 2, 64, 32);
+        KVCache c;
+        char err[512] = "";
+        if (tcache(&c, &s, specs[i])) continue;
+        int rc = attn_twin_attach(&c, err, sizeof err);
+        CHECK(rc != 0 && strstr(err, specs[i]) && strstr(err, "-d cpu") && !c.device,
+              "the mirror refuses '%s' (%s)", specs[i], rc ? err : "attached");
+        if (!rc) attn_mirror_detach(&c);
+        kv_cache_free(&c);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--bench")) {
 #ifdef KVLAB_CUDA
@@ -340,6 +356,7 @@ int main(int argc, char **argv) {
     }
     test_codec_twins();
     test_plan();
+    test_refused();
     test_attention(0);
     test_attach_late_and_reset(0);
     char name[256], why[256];

@@ -368,24 +368,17 @@ static void test_pos_cache_reference(void) {
                 kv_attend_cpu(&c, out, l, t, AQ[t][l]);
                 for (int h = 0; h < ANH; h++) {
                     int g = h / (ANH / ANKV), n = kv_lane_positions(&c, l, g, pos, 64);
-                    double q[AHD], sc[64], mx = -1e300, sum = 0, o[AHD] = {0};
+                    double q[AHD], k[64 * AHD];
+                    const float *vr[64];
                     for (int j = 0; j < AHD; j++) q[j] = AQ[t][l][h * AHD + j];
                     ref_rope(q, AHD, by_rank ? n - 1 : t);
                     for (int i = 0; i < n; i++) {
-                        double k[AHD], d = 0;
-                        for (int j = 0; j < AHD; j++) k[j] = AK[pos[i]][l][g * AHD + j];
-                        ref_rope(k, AHD, by_rank ? i : pos[i]);
-                        for (int j = 0; j < AHD; j++) d += q[j] * k[j];
-                        sc[i] = d / sqrt((double)AHD);
-                        if (sc[i] > mx) mx = sc[i];
+                        for (int j = 0; j < AHD; j++) k[i * AHD + j] = AK[pos[i]][l][g * AHD + j];
+                        ref_rope(k + i * AHD, AHD, by_rank ? i : pos[i]);
+                        vr[i] = AV[pos[i]][l] + g * AHD;
                     }
-                    for (int i = 0; i < n; i++) { sc[i] = exp(sc[i] - mx); sum += sc[i]; }
-                    for (int i = 0; i < n; i++)
-                        for (int j = 0; j < AHD; j++) o[j] += sc[i] / sum * AV[pos[i]][l][g * AHD + j];
-                    for (int j = 0; j < AHD; j++) {
-                        double e = fabs(o[j] - out[h * AHD + j]);
-                        if (!(e <= max_err)) max_err = e != e ? INFINITY : e;
-                    }
+                    double e = tdense_err(q, k, vr, n, AHD, out + h * AHD);
+                    if (!(e <= max_err)) max_err = e;
                 }
             }
         int ev = c.n_evictions;

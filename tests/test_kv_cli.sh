@@ -40,6 +40,13 @@ expect_error "nosuch:5" "'nosuch'" "$("$RUN" -h | sed -n 's/^policies: \([^(]*\)
 expect_error "window:8,type=q3" "type=q3" "f32, f16, bf16, q8, q4"
 expect_error "window:8,pos=middle" "pos=middle" "orig, cache"
 expect_error "window:8,colour=red" "'colour'" "type, ktype, vtype, residual, prec, pos, agg"
+expect_error "full,prec=f32:4" "prec=f32:4" "the last takes the rest"
+expect_error "full,prec=f32/q8" "prec=f32/q8" "every band but the last gives its tokens"
+expect_error "full,prec=f32:4/q3" "'q3'" "f32, f16, bf16, q8, q4"
+expect_error "full,type=q8,prec=f32:4/q8" "conflicts with type=" "prec=f32:R/T"
+expect_error "pool:10,group=4,recent=8" "pool:10,group=4,recent=8" "at least sinks + recent + group = 12"
+expect_error "pool:16,group=1" "bad group=1" "[2,"
+expect_error "topk:1MiB" "topk:1MiB" "topk:256"
 
 # every policy generates 60 tokens with a budget of 16, greedy, no error: 12 prompt positions + 59 fed back (the last
 # sampled token is printed, not fed) = 71 positions, more than twice the budget
@@ -54,7 +61,8 @@ done
 
 # with room for all 71 positions every policy gives full's greedy ids
 ref=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv full 2>/dev/null)
-for spec in "window:128" "sink:100" "h2o:80" "tova:72" "scissorhands:90" "lru:72" "random:72" "window:72,pos=cache"; do
+for spec in "window:128" "sink:100" "h2o:80" "tova:72" "scissorhands:90" "lru:72" "random:72" "window:72,pos=cache" \
+            "pool:128,recent=100" "full,prec=f32:72/q8"; do
     got=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$spec" 2>/dev/null)
     if [ -n "$ref" ] && [ "$got" = "$ref" ]; then pass "./run -kv '$spec' with room for every token: full's greedy ids"
     else fail "./run -kv '$spec' with room for every token: ids differ from full"; fi

@@ -42,6 +42,29 @@ static inline int tcache(KVCache *c, const KVShape *s, const char *spec_text) {
     return 0;
 }
 
+/* The dense attention of one query head in double, the reference the policy tests compare outputs with: q (hd) and
+ * keys k (n, hd) as the caller rotated them (or not), value rows v[i] (hd, f32); returns max_j |o_j - out[j]| for
+ * o = softmax(q·k_i/√hd)·V (INFINITY when out holds a NaN). */
+static inline double tdense_err(const double *q, const double *k, const float *const *v, int n, int hd,
+                                const float *out) {
+    double sc[n > 0 ? n : 1], mx = -1e300, sum = 0, o[hd], e = 0;
+    for (int j = 0; j < hd; j++) o[j] = 0;
+    for (int i = 0; i < n; i++) {
+        double d = 0;
+        for (int j = 0; j < hd; j++) d += q[j] * k[(size_t)i * hd + j];
+        sc[i] = d / sqrt((double)hd);
+        if (sc[i] > mx) mx = sc[i];
+    }
+    for (int i = 0; i < n; i++) { sc[i] = exp(sc[i] - mx); sum += sc[i]; }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < hd; j++) o[j] += sc[i] / sum * v[i][j];
+    for (int j = 0; j < hd; j++) {
+        double x = fabs(o[j] - out[j]);
+        if (!(x <= e)) e = x != x ? INFINITY : x;
+    }
+    return e;
+}
+
 static inline void tprint_set(char *buf, size_t len, const int *p, int n) {
     size_t o = 0;
     buf[0] = 0;

@@ -405,20 +405,15 @@ static void test_gqa_shared_set(void) {
             kv_attend_cpu(&c, out, l, t, q);
             for (int h = 0; h < NH; h++) {
                 int g = h / (NH / NKV), n = kv_lane_positions(&c, l, g, pos, MAXT);
-                double sc[MAXT], mx = -1e300, sum = 0, o[HD] = {0};
+                double qd[HD], kd[MAXT * HD];
+                const float *vr[MAXT];
+                for (int j = 0; j < HD; j++) qd[j] = q[h * HD + j];
                 for (int i = 0; i < n; i++) {   /* RoPE is the identity here (factors 1e30), to f32 precision */
-                    double d = 0;
-                    for (int j = 0; j < HD; j++) d += (double)q[h * HD + j] * K[pos[i]][l][g * HD + j];
-                    sc[i] = d / sqrt((double)HD);
-                    if (sc[i] > mx) mx = sc[i];
+                    for (int j = 0; j < HD; j++) kd[i * HD + j] = K[pos[i]][l][g * HD + j];
+                    vr[i] = &V[pos[i]][l][g * HD];
                 }
-                for (int i = 0; i < n; i++) { sc[i] = exp(sc[i] - mx); sum += sc[i]; }
-                for (int i = 0; i < n; i++)
-                    for (int j = 0; j < HD; j++) o[j] += sc[i] / sum * V[pos[i]][l][g * HD + j];
-                for (int j = 0; j < HD; j++) {
-                    double e = fabs(o[j] - out[h * HD + j]);
-                    if (!(e <= max_err)) max_err = e != e ? INFINITY : e;
-                }
+                double e = tdense_err(qd, kd, vr, n, HD, out + h * HD);
+                if (!(e <= max_err)) max_err = e;
             }
         }
     /* f32 dot products of 8 terms, a softmax over <= 10 slots, |v| <= ~4: measured 3.9e-7; 64 f32 ulps of 4 */

@@ -60,21 +60,14 @@ static void gen_stream(uint64_t seed, int dups) {
 /* max |out - softmax over pos[0..n) of q·k/√HD applied to v|, in double, RoPE the identity */
 static double out_err(int t, int l, int h, const int *pos, int n, const float *out) {
     int g = h / GROUPSZ;
-    double sc[MAXT + 1], mx = -1e300, sum = 0, o[HD] = {0}, e = 0;
+    double q[HD], k[(MAXT + 1) * HD];
+    const float *v[MAXT + 1];
+    for (int j = 0; j < HD; j++) q[j] = Q[t][l][h * HD + j];
     for (int i = 0; i < n; i++) {
-        double d = 0;
-        for (int j = 0; j < HD; j++) d += (double)Q[t][l][h * HD + j] * K[pos[i]][l][g * HD + j];
-        sc[i] = d / sqrt((double)HD);
-        if (sc[i] > mx) mx = sc[i];
+        for (int j = 0; j < HD; j++) k[i * HD + j] = K[pos[i]][l][g * HD + j];
+        v[i] = &V[pos[i]][l][g * HD];
     }
-    for (int i = 0; i < n; i++) { sc[i] = exp(sc[i] - mx); sum += sc[i]; }
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < HD; j++) o[j] += sc[i] / sum * V[pos[i]][l][g * HD + j];
-    for (int j = 0; j < HD; j++) {
-        double x = fabs(o[j] - out[h * HD + j]);
-        if (!(x <= e)) e = x != x ? INFINITY : x;
-    }
-    return e;
+    return tdense_err(q, k, v, n, HD, out + h * HD);
 }
 
 /* ---- the event log (c->on_event), normalized for comparison ---- */

@@ -699,7 +699,8 @@ static int topk_cmp(const void *a, const void *b) {
 }
 static int int_cmp(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-static int topk_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, int *ranks, int max) {
+static int topk_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
+                       const float *q, int *ranks, int max) {
     TopkState *st = p->state;
     int n = ln->n_live, k = p->budget < n ? p->budget : n;
     if (k > max) k = max;

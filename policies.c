@@ -838,12 +838,99 @@ static const KVPolicyOps policy_quest = {
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
+ * blocks:B,local=L,global=G,stride=S: a static block-sparse read pattern, the same for every query whatever the
+ * scores: Longformer's sliding window with global tokens and strided (dilated) attention (Beltagy et al. 2020,
+ * arXiv:2004.05150, section 3.1), here with the global tokens the first G positions, and with no strided part
+ * (stride past the context) the A-shape of sink + local (MInference's name, Jiang et al. 2024, arXiv:2407.02490;
+ * StreamingLLM's sinks and window, Xiao et al. 2023, as a read pattern over a full cache). The lane stores every
+ * token up to -c; the query at position t reads
+ *   global   the first G positions (p < G, the sinks),
+ *   local    the L newest (p > t - L, itself included),
+ *   strided  between them every S-th position: G <= p <= t - L with p % S == 0,
+ * their union (global and local overlap while t < G + L), capped at B: only the strided part is ever cut, its
+ * oldest first (the newest strided positions stay). The strided positions are fixed in absolute terms (p % S == 0,
+ * as the "fixed" pattern of Child et al. 2019, arXiv:1904.10509, section 4.3, rather than Longformer's gaps counted
+ * from the query), so a token past the local window is read at every step or never. It is a pattern, not a choice:
+ * it may read fewer than B tokens even while fewer than B are stored (topk reads them all then). The budget must
+ * exceed G + L by at least one (a strided slot). Defaults: G = 4, L = B/2, and S the smallest stride whose strided
+ * positions at the last position of the context (t = -c - 1) fit in B - G - L, so that with the default the cap never
+ * cuts (with stride=S given, the cap does the cutting). Positions define the pattern (a lane that holds every token
+ * has rank = position). Bytes read: the keys and values of the set (kv.c). No metadata.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int local, global, stride; } BlocksState;
+
+/* multiples of S in [lo, hi], lo >= 0 */
+static int multiples_in(int lo, int hi, int S) { return hi < lo ? 0 : hi / S - (lo + S - 1) / S + 1; }
+
+static int blocks_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    BlocksState *st = state_new(p, sizeof *st);
+    if (!st) return errorf(err, errlen, "out of memory");
+    long G = 4, L = budget / 2 > 1 ? budget / 2 : 1, S = 0;
+    if (opt_int(sp, "global", 0, 1 << 24, &G, err, errlen) < 0) return -1;
+    if (opt_int(sp, "local", 1, 1 << 24, &L, err, errlen) < 0) return -1;
+    if (opt_int(sp, "stride", 1, 1 << 30, &S, err, errlen) < 0) return -1;
+    st->global = (int)G; st->local = (int)L;
+    char what[64], fix[48];
+    snprintf(what, sizeof what, "global=%d and local=%d", st->global, st->local);
+    snprintf(fix, sizeof fix, "local <= %d", budget - st->global - 1);
+    if (check_budget(sp, "blocks", budget, st->global + st->local, what, budget - st->global - 1 >= 1 ? fix : "",
+                     err, errlen))
+        return -1;
+    if (!S) {   /* the smallest stride whose strided positions at t = seq_len - 1 fit beside global and local */
+        int room = budget - st->global - st->local, hi = shape->seq_len - 1 - st->local;
+        for (S = 1; multiples_in(st->global, hi, (int)S) > room; S++) {}
+    }
+    st->stride = (int)S;
+    return 0;
+}
+
+static int blocks_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
+                         const float *q, int *ranks, int max) {
+    const BlocksState *st = p->state;
+    int n = ln->n_live, G = st->global, L = st->local, S = st->stride, n_fixed = 0, n_strided = 0;
+    for (int i = 0; i < n; i++) {
+        int pos = kv_rank_pos(ln, i);
+        if (pos < G || pos > t - L) n_fixed++;
+        else if (pos % S == 0) n_strided++;
+    }
+    int skip = n_strided - (p->budget - n_fixed), m = 0;   /* strided positions over the cap, cut oldest first */
+    for (int i = 0; i < n && m < max; i++) {
+        int pos = kv_rank_pos(ln, i);
+        if (pos < G || pos > t - L) ranks[m++] = i;
+        else if (pos % S == 0) {
+            if (skip > 0) skip--;
+            else ranks[m++] = i;
+        }
+    }
+    return m;
+}
+
+static void blocks_describe(const KVPolicy *p, char *buf, size_t len) {
+    const BlocksState *st = p->state;
+    snprintf(buf, len, "local=%d global=%d stride=%d", st->local, st->global, st->stride);
+}
+
+static const KVPolicyOps policy_blocks = {
+    .example = "blocks:16,global=4,local=8,stride=8",
+    .name = "blocks", .family = "selection",
+    .paper = "static block-sparse patterns: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1 (sliding "
+             "window, strided, global); the A-shape (sink + local) of MInference, Jiang et al. 2024, arXiv:2407.02490",
+    .summary = "blocks:B stores every token; each query reads the first G, the L newest and every S-th position "
+               "between, at most B (strided cut oldest first)",
+    .options = "local=L (default B/2), global=G (default 4), stride=S (default: the smallest that fits B-G-L at -c)",
+    .reason = "none", .needs_budget = 1, .evicts = 0, .grows = 1, .init = blocks_init, .select = blocks_select,
+    .describe = blocks_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
  * The registry
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps *const registry[] = {&policy_full, &policy_window, &policy_sink, &policy_h2o, &policy_tova,
                                               &policy_scissorhands, &policy_lru, &policy_random, &policy_snapkv,
-                                              &policy_pool, &policy_topk, &policy_quest};
+                                              &policy_pool, &policy_topk, &policy_quest,
+                                              &policy_blocks};
 #define N_POLICIES (int)(sizeof registry / sizeof registry[0])
 
 const KVPolicyOps *kv_policy_find(const char *name) {

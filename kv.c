@@ -906,17 +906,31 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
                 }
                 c->sel_score[i] = sum / group;
             }
-        int m = ops->select(&c->policy, lane, ln, t, ops->select_scores ? c->sel_score : NULL, rr, B);
+        /* the keys select chooses from (select_keys): every live key as attention sees it, row i = rank i, in this
+           kv head's share of kbuf (workspace: not a read of the cache, the policy reports its own, select_bytes) */
+        float *keys = NULL;
+        if (ops->select_keys) {
+            keys = c->kbuf + (size_t)g * B * hd;
+            for (int i = 0; i < n; i++) {
+                float *row = keys + (size_t)i * hd;
+                const float *k = kv_lane_key(c, ln, i, row);
+                if (k != row) memcpy(row, k, (size_t)hd * sizeof(float));
+            }
+        }
+        int m = ops->select(&c->policy, lane, ln, t, ops->select_scores ? c->sel_score : NULL, keys, &qr[0][0], rr,
+                            B);
         if (m < 1 || m > n) policy_bug(c, "select", l, g, m, n);
         for (int j = 0; j < m; j++)
             if (rr[j] < 0 || rr[j] >= n || (j && rr[j] <= rr[j - 1])) policy_bug(c, "select", l, g, rr[j], n);
         c->read_n[g] = m;
-        /* bytes read: every key scored to choose (select_scores) or the chosen keys, and the chosen values */
+        /* bytes read: every key scored to choose (select_scores) or the chosen keys, the chosen values, and what the
+           policy read to choose (select_bytes: quest's page bounds) */
         for (int i = 0; ops->select_scores && i < n; i++) c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[i])];
         for (int j = 0; j < m; j++) {
             int b = kv_slot_band(ln, ln->live[rr[j]]);
             c->bytes_read += c->band_vb[b] + (ops->select_scores ? 0 : c->band_kb[b]);
         }
+        if (ops->select_bytes) c->bytes_read += ops->select_bytes(&c->policy, lane, ln, t);
         for (int hh = 0; hh < group; hh++) {
             int h = g * group + hh;
             float *p = c->scores + (size_t)h * B, *o = out + (size_t)h * hd, mx = -INFINITY, sum = 0;

@@ -185,7 +185,13 @@ typedef struct {
                                   compression, a selection policy stores every token); the budget is then the
                                   policy's own target (snapkv) or what a query reads (selection) */
     int prompt_end;            /* 1: acts at the end of the prompt (kv_set_prompt_len or prefill=P) */
-    int select_scores;         /* 1: select is given the group-mean scores of every live key (topk) */
+    int select_scores;         /* 1: select is given the group-mean scores of every live key (topk); their full
+                                  key pass is counted as read */
+    int select_keys;           /* 1: select is given the f32 key of every live rank as attention sees it (decoded
+                                  from its band, rotated: under pos=orig by its position, under pos=cache by its
+                                  rank), (n_live, head_dim) row by row (quest builds its page bounds from them). They
+                                  are handed over so the policy can keep no copy of the vectors; they are NOT counted
+                                  as read: what the policy reads to choose it reports with select_bytes */
     int cross_layer;           /* 1: its decisions at layer l may depend on other layers' attention of the same token,
                                   so a chunk cannot run layer by layer: forward_chunk and -chunk fall back to token
                                   by token. 0 (every policy today): layer-local, batched evaluation is exact */
@@ -215,8 +221,14 @@ typedef struct {
     /* Step 3, select: write the ranks the query at pos_now reads (increasing, the newest rank n_live-1 among them
      * unless the policy says otherwise in its comment), at most `max`; return how many (>= 1). score (n_live): with
      * select_scores, the group mean over the GQA group's query heads of q·k_i/√head_dim for every live rank, else
-     * NULL. */
-    int (*select)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, const float *score, int *ranks, int max);
+     * NULL. keys (n_live, head_dim): with select_keys, every live rank's f32 key as attention sees it, else NULL.
+     * q (n_heads / n_kv_heads, head_dim): the GQA group's query heads at pos_now, rotated as attention rotates them
+     * (by pos_now under pos=orig, by n_live-1 under pos=cache), always given. */
+    int (*select)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, const float *score, const float *keys,
+                  const float *q, int *ranks, int max);
+    /* Step 3, after select: the bytes the policy read to make that choice (its own index, e.g. quest's page bounds),
+     * beyond the chosen ranks' keys and values, which kv.c counts itself; added to bytes_read. NULL: 0. */
+    uint64_t (*select_bytes)(const KVPolicy *p, int lane, const KVLane *ln, int pos_now);
     /* Step 4, observe: prob (n_live) aggregated over the GQA group as agg= says, and mean (n_live) the group mean
      * (the same pointer when agg=mean), both in rank order (0 for a rank the query did not read); pos_now is the
      * query's position. */
@@ -342,7 +354,7 @@ struct KVCache {
     int n_merged;            /* slots merged away, all lanes, since init */
     /* the second axis, since init: KV bytes attention read (every slot a query attended, in its stored form: vectors,
        scales and minimums; counted once per kv head, as GQA's query heads share the read; a selection policy's full
-       score pass counts every key) and the tokens that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
+       score pass counts every key, and what it reports reading to choose, select_bytes, is added) and the tokens that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
     uint64_t bytes_read;
     long steps_read;
     uint64_t bytes_moved;    /* between memory tiers: 0 until a cache has a slow tier */
@@ -400,9 +412,12 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * goes through kv_attend_select instead, on every backend. No errors: n >= 1 (the token itself is live). */
 void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q);
 /* Steps 3 and 4 of a selection policy, by definition and for every backend: for each lane, the group-mean scores of
- * every live key (when the policy asks for them, select_scores), the policy's chosen ranks S; then each query head
- * of the group attends over S alone exactly as kv_attend_ref does over all ranks (probabilities 0 off S, in
- * c->scores), and step 4 (the read set stays in c->read_rank for recall: kv_lane_read). */
+ * every live key (when the policy asks for them, select_scores) and every live key as attention sees it (when it
+ * asks for them, select_keys), the group's rotated queries, the policy's chosen ranks S; then each query head of
+ * the group attends over S alone exactly as kv_attend_ref does over all ranks (probabilities 0 off S, in c->scores),
+ * and step 4 (the read set stays in c->read_rank for recall: kv_lane_read). Bytes read per lane: every live key
+ * with select_scores, else the keys of S; the values of S; plus the policy's select_bytes (keys handed over by
+ * select_keys are not counted). */
 void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q);
 /* Steps 3 and 4 as kv_attend_ref defines them, fast (attn_cpu.c): the same contract and outputs within the bound of
  * tests/attn_ref_check.h; the probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run in

@@ -699,7 +699,8 @@ static int topk_cmp(const void *a, const void *b) {
 }
 static int int_cmp(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-static int topk_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, int *ranks, int max) {
+static int topk_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
+                       const float *q, int *ranks, int max) {
     TopkState *st = p->state;
     int n = ln->n_live, k = p->budget < n ? p->budget : n;
     if (k > max) k = max;
@@ -722,12 +723,214 @@ static const KVPolicyOps policy_topk = {
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
+ * quest:B,page=P: Quest (Tang et al. 2024, "Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference",
+ * arXiv:2406.10774, section 3, query-aware page selection). The lane stores every token up to -c like `full`; its
+ * tokens, in rank order, are cut into pages of P consecutive ranks (page j = ranks jP..jP+P-1, the last one partial
+ * while it fills). Per page and channel d, the minimum m_d and maximum M_d of its keys as attention sees them; a
+ * page's score is Quest's upper bound on the score of any of its keys, Σ_d max(q_d·m_d, q_d·M_d)/√head_dim, taken
+ * as the group mean over the GQA group's query heads (rotated as attention rotates them; one set per lane, as topk).
+ * A query reads whole pages, floor(B/P) of them (B is rounded down to whole pages; the budget must hold at least two,
+ * so that at least one is chosen): always the page holding the newest token (the query's own, partial or not), and
+ * of the other pages those with the highest score, ties to the older page; when every page fits, all of them. So a
+ * query reads at most B tokens, and fewer while the newest page is partial.
+ * How it sees keys: the flag select_keys (kv.h), with which kv_attend_select hands over every live key decoded and
+ * rotated, and the bounds are rebuilt from them at each step. We chose that over bounds kept in the state from keys
+ * passed on insert because it is correct with nothing more: a key recoded by prec= into a coarser form, or rotated
+ * by its rank under pos=cache, is bounded as attention sees it now, and no state grows with the context. The price
+ * is simulation time (O(n · head_dim) per lane and step), not modelled bytes.
+ * Bytes read per step (select_bytes): the bounds of every page it scores, 2 · head_dim f32 each (every page but the
+ * newest, which it reads anyway; none when every page fits), plus, counted by kv.c, the keys and values of the
+ * pages it reads; the keys handed over to build the bounds are not counted. The bounds are not counted as resident
+ * bytes (meta_bytes_per_slot is not told head_dim): they would add 2 · head_dim · 4 / P bytes per token.
+ * Scores in f32, d in order, the group's sum in order then divided, as kv_attend_select scores keys for topk. Every
+ * layer selects (the paper keeps its first two layers dense). Default P = 16, the paper's page size. No metadata;
+ * its state is scratch for the page scores and their sort.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { float score; int page; } QuestCand;
+typedef struct { int page, head_dim, group, max_pages; QuestCand cand[]; /* (max_pages) */ } QuestState;
+
+static int quest_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    long P = 16;
+    if (opt_int(sp, "page", 1, 1 << 20, &P, err, errlen) < 0) return -1;
+    int cap = shape->seq_len > budget ? shape->seq_len : budget, max_pages = (int)((cap + P - 1) / P);
+    QuestState *st = state_new(p, sizeof *st + (size_t)max_pages * sizeof(QuestCand));
+    if (!st) return errorf(err, errlen, "out of memory");
+    st->page = (int)P;
+    st->head_dim = shape->head_dim;
+    st->group = shape->n_heads / shape->n_kv_heads;
+    st->max_pages = max_pages;
+    if (budget >= 2 * P) return 0;
+    char fix[48] = "";
+    if (budget >= 2) snprintf(fix, sizeof fix, ", or page <= %d", budget / 2);
+    return errorf(err, errlen, "'%s': quest reads whole pages, budget/page of them rounded down, always the newest "
+                  "page (page=%ld tokens, the current one among them), which leaves no page to choose in a budget of "
+                  "%d: the budget must hold at least two pages (a budget >= %ld%s)", sp->text, P, budget, 2 * P, fix);
+}
+
+static int quest_cmp(const void *a, const void *b) {
+    const QuestCand *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;   /* highest bound first ... */
+    return x->page - y->page;                                         /* ... and among equals the older page */
+}
+static int quest_page_cmp(const void *a, const void *b) {
+    return ((const QuestCand *)a)->page - ((const QuestCand *)b)->page;
+}
+
+static int quest_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
+                        const float *q, int *ranks, int max) {
+    QuestState *st = p->state;
+    int n = ln->n_live, P = st->page, hd = st->head_dim, group = st->group;
+    int n_pages = (n + P - 1) / P, n_read = p->budget / P;
+    if (n_pages <= n_read) { for (int i = 0; i < n; i++) ranks[i] = i; return n; }
+    float scale = 1.0f / sqrtf((float)hd), lo[hd], hi[hd];
+    for (int j = 0; j < n_pages - 1; j++) {   /* every full page but the newest: its bounds and its score */
+        const float *k = keys + (size_t)j * P * hd;
+        for (int d = 0; d < hd; d++) lo[d] = hi[d] = k[d];
+        for (int i = 1; i < P; i++)
+            for (int d = 0; d < hd; d++) {
+                float x = k[(size_t)i * hd + d];
+                lo[d] = x < lo[d] ? x : lo[d];
+                hi[d] = x > hi[d] ? x : hi[d];
+            }
+        float sum = 0;
+        for (int hh = 0; hh < group; hh++) {
+            const float *qh = q + (size_t)hh * hd;
+            float dot = 0;
+            for (int d = 0; d < hd; d++) {
+                float a = qh[d] * lo[d], b = qh[d] * hi[d];
+                dot += a > b ? a : b;
+            }
+            sum += dot * scale;
+        }
+        st->cand[j] = (QuestCand){sum / group, j};
+    }
+    qsort(st->cand, (size_t)(n_pages - 1), sizeof *st->cand, quest_cmp);
+    qsort(st->cand, (size_t)(n_read - 1), sizeof *st->cand, quest_page_cmp);   /* the chosen, in rank order */
+    int m = 0;
+    for (int j = 0; j < n_read - 1; j++)
+        for (int i = st->cand[j].page * P; i < (st->cand[j].page + 1) * P && m < max; i++) ranks[m++] = i;
+    for (int i = (n_pages - 1) * P; i < n && m < max; i++) ranks[m++] = i;   /* the newest page */
+    return m;
+}
+
+static uint64_t quest_select_bytes(const KVPolicy *p, int lane, const KVLane *ln, int t) {
+    const QuestState *st = p->state;
+    int n_pages = (ln->n_live + st->page - 1) / st->page;
+    if (n_pages <= p->budget / st->page) return 0;
+    return (uint64_t)(n_pages - 1) * 2 * (uint64_t)st->head_dim * sizeof(float);
+}
+
+static void quest_describe(const KVPolicy *p, char *buf, size_t len) {
+    const QuestState *st = p->state;
+    snprintf(buf, len, "page=%d pages=%d", st->page, p->budget / st->page);
+}
+
+static const KVPolicyOps policy_quest = {
+    .example = "quest:16,page=4",
+    .name = "quest", .family = "selection",
+    .paper = "Quest: Tang et al. 2024, arXiv:2406.10774, section 3",
+    .summary = "quest:B,page=P stores every token; each query reads its own page + the pages of highest key-bound "
+               "score, B/P pages (Quest)",
+    .options = "page=P (default 16; B/P whole pages are read, at least 2)", .reason = "none", .needs_budget = 1,
+    .evicts = 0, .grows = 1, .select_keys = 1, .init = quest_init, .select = quest_select,
+    .select_bytes = quest_select_bytes, .describe = quest_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * blocks:B,local=L,global=G,stride=S: a static block-sparse read pattern, the same for every query whatever the
+ * scores: Longformer's sliding window with global tokens and strided (dilated) attention (Beltagy et al. 2020,
+ * arXiv:2004.05150, section 3.1), here with the global tokens the first G positions, and with no strided part
+ * (stride past the context) the A-shape of sink + local (MInference's name, Jiang et al. 2024, arXiv:2407.02490;
+ * StreamingLLM's sinks and window, Xiao et al. 2023, as a read pattern over a full cache). The lane stores every
+ * token up to -c; the query at position t reads
+ *   global   the first G positions (p < G, the sinks),
+ *   local    the L newest (p > t - L, itself included),
+ *   strided  between them every S-th position: G <= p <= t - L with p % S == 0,
+ * their union (global and local overlap while t < G + L), capped at B: only the strided part is ever cut, its
+ * oldest first (the newest strided positions stay). The strided positions are fixed in absolute terms (p % S == 0,
+ * as the "fixed" pattern of Child et al. 2019, arXiv:1904.10509, section 4.3, rather than Longformer's gaps counted
+ * from the query), so a token past the local window is read at every step or never. It is a pattern, not a choice:
+ * it may read fewer than B tokens even while fewer than B are stored (topk reads them all then). The budget must
+ * exceed G + L by at least one (a strided slot). Defaults: G = 4, L = B/2, and S the smallest stride whose strided
+ * positions at the last position of the context (t = -c - 1) fit in B - G - L, so that with the default the cap never
+ * cuts (with stride=S given, the cap does the cutting). Positions define the pattern (a lane that holds every token
+ * has rank = position). Bytes read: the keys and values of the set (kv.c). No metadata.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { int local, global, stride; } BlocksState;
+
+/* multiples of S in [lo, hi], lo >= 0 */
+static int multiples_in(int lo, int hi, int S) { return hi < lo ? 0 : hi / S - (lo + S - 1) / S + 1; }
+
+static int blocks_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    BlocksState *st = state_new(p, sizeof *st);
+    if (!st) return errorf(err, errlen, "out of memory");
+    long G = 4, L = budget / 2 > 1 ? budget / 2 : 1, S = 0;
+    if (opt_int(sp, "global", 0, 1 << 24, &G, err, errlen) < 0) return -1;
+    if (opt_int(sp, "local", 1, 1 << 24, &L, err, errlen) < 0) return -1;
+    if (opt_int(sp, "stride", 1, 1 << 30, &S, err, errlen) < 0) return -1;
+    st->global = (int)G; st->local = (int)L;
+    char what[64], fix[48];
+    snprintf(what, sizeof what, "global=%d and local=%d", st->global, st->local);
+    snprintf(fix, sizeof fix, "local <= %d", budget - st->global - 1);
+    if (check_budget(sp, "blocks", budget, st->global + st->local, what, budget - st->global - 1 >= 1 ? fix : "",
+                     err, errlen))
+        return -1;
+    if (!S) {   /* the smallest stride whose strided positions at t = seq_len - 1 fit beside global and local */
+        int room = budget - st->global - st->local, hi = shape->seq_len - 1 - st->local;
+        for (S = 1; multiples_in(st->global, hi, (int)S) > room; S++) {}
+    }
+    st->stride = (int)S;
+    return 0;
+}
+
+static int blocks_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
+                         const float *q, int *ranks, int max) {
+    const BlocksState *st = p->state;
+    int n = ln->n_live, G = st->global, L = st->local, S = st->stride, n_fixed = 0, n_strided = 0;
+    for (int i = 0; i < n; i++) {
+        int pos = kv_rank_pos(ln, i);
+        if (pos < G || pos > t - L) n_fixed++;
+        else if (pos % S == 0) n_strided++;
+    }
+    int skip = n_strided - (p->budget - n_fixed), m = 0;   /* strided positions over the cap, cut oldest first */
+    for (int i = 0; i < n && m < max; i++) {
+        int pos = kv_rank_pos(ln, i);
+        if (pos < G || pos > t - L) ranks[m++] = i;
+        else if (pos % S == 0) {
+            if (skip > 0) skip--;
+            else ranks[m++] = i;
+        }
+    }
+    return m;
+}
+
+static void blocks_describe(const KVPolicy *p, char *buf, size_t len) {
+    const BlocksState *st = p->state;
+    snprintf(buf, len, "local=%d global=%d stride=%d", st->local, st->global, st->stride);
+}
+
+static const KVPolicyOps policy_blocks = {
+    .example = "blocks:16,global=4,local=8,stride=8",
+    .name = "blocks", .family = "selection",
+    .paper = "static block-sparse patterns: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1 (sliding "
+             "window, strided, global); the A-shape (sink + local) of MInference, Jiang et al. 2024, arXiv:2407.02490",
+    .summary = "blocks:B stores every token; each query reads the first G, the L newest and every S-th position "
+               "between, at most B (strided cut oldest first)",
+    .options = "local=L (default B/2), global=G (default 4), stride=S (default: the smallest that fits B-G-L at -c)",
+    .reason = "none", .needs_budget = 1, .evicts = 0, .grows = 1, .init = blocks_init, .select = blocks_select,
+    .describe = blocks_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
  * The registry
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps *const registry[] = {&policy_full, &policy_window, &policy_sink, &policy_h2o, &policy_tova,
                                               &policy_scissorhands, &policy_lru, &policy_random, &policy_snapkv,
-                                              &policy_pool, &policy_topk};
+                                              &policy_pool, &policy_topk, &policy_quest,
+                                              &policy_blocks};
 #define N_POLICIES (int)(sizeof registry / sizeof registry[0])
 
 const KVPolicyOps *kv_policy_find(const char *name) {

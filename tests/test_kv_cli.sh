@@ -47,6 +47,9 @@ expect_error "full,type=q8,prec=f32:4/q8" "conflicts with type=" "prec=f32:R/T"
 expect_error "pool:10,group=4,recent=8" "pool:10,group=4,recent=8" "at least sinks + recent + group = 12"
 expect_error "pool:16,group=1" "bad group=1" "[2,"
 expect_error "topk:1MiB" "topk:1MiB" "topk:256"
+expect_error "quest:16" "page=16" "a budget >= 32, or page <= 8"
+expect_error "quest:1MiB" "quest:1MiB" "quest:256"
+expect_error "blocks:8" "global=4 and local=4" "local <= 3"
 
 # every policy generates 60 tokens with a budget of 16, greedy, no error: 12 prompt positions + 59 fed back (the last
 # sampled token is printed, not fed) = 71 positions, more than twice the budget

@@ -354,7 +354,8 @@ struct KVCache {
     int n_merged;            /* slots merged away, all lanes, since init */
     /* the second axis, since init: KV bytes attention read (every slot a query attended, in its stored form: vectors,
        scales and minimums; counted once per kv head, as GQA's query heads share the read; a selection policy's full
-       score pass counts every key, and what it reports reading to choose, select_bytes, is added) and the tokens that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
+       score pass counts every key, and what it reports reading to choose, select_bytes, is added) and the tokens
+       that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
     uint64_t bytes_read;
     long steps_read;
     uint64_t bytes_moved;    /* between memory tiers: 0 until a cache has a slow tier */

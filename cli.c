@@ -44,7 +44,7 @@ static const FlagDef FLAGS[] = {
     {"-y", "TEXT", M_CHAT, "system prompt"},
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},
-    {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY, "cache events (evictions) of every policy, JSON lines"},
+    {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY, "cache events (evictions, merges, recodes) of every policy, JSON lines"},
     {"-d", "DEV", M_CACHE, "ref (attention by its definition, plain loops: slow, for checking), cpu, or cuda (generate "
                            "and chat); default cuda when usable, else cpu"},
     {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH, "results, JSON lines, appended"},
@@ -94,7 +94,8 @@ void usage(FILE *f) {
     }
     fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
-               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, pos=orig|cache, agg=mean|max\n"
+               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, prec=T:N/.../T, pos=orig|cache, "
+               "agg=mean|max\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
 
@@ -127,7 +128,8 @@ void usage_policies(FILE *f) {
                "  residual=R                the R newest tokens of a lane kept in f32 (KIVI's residual), default 0\n"
                "  prec=T:N/T:N/.../T        precision by age, newest first: prec=f32:64/q8:512/q4 keeps a lane's 64\n"
                "                            newest tokens in f32, the next 512 in q8, the rest in q4 (instead of type=\n"
-               "                            and residual=; residual=R with type=T is prec=f32:R/T)\n"
+               "                            and residual=; residual=R with type=T is prec=f32:R/T); at most 4 bands,\n"
+               "                            clipped to the lane (the last band takes what is left)\n"
                "  pos=orig|cache            RoPE by original position (default) or by rank in the cache (StreamingLLM)\n"
                "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n");
 }

@@ -176,8 +176,8 @@ static int parse_prec(KVSpec *sp, const char *val, const char *text, char *err, 
             char *end;
             long x = strtol(colon + 1, &end, 10);
             if (end == colon + 1 || *end || x < 1 || x > 1 << 24)
-                return errorf(err, errlen, "bad band '%s:%s' in prec=%s ('%s'): TYPE:TOKENS with tokens >= 1", part,
-                              colon + 1, val, text);
+                return errorf(err, errlen, "bad band '%s:%s' in prec=%s ('%s'): TYPE:TOKENS with tokens in [1, %d]",
+                              part, colon + 1, val, text, 1 << 24);
             sp->prec_slots[n] = (int)x;
         }
         n++;
@@ -494,17 +494,22 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
         budget = lo;
     }
     if (!budget) {
+        if (ops->needs_budget && ops->select)
+            return errorf(err, errlen, "'%s' needs a budget: %s:TOKENS, the tokens one query reads (e.g. %s:256)",
+                          spec->text, spec->name, spec->name);
         if (ops->needs_budget)
             return errorf(err, errlen, "'%s' needs a budget: %s:TOKENS or %s:BYTES (e.g. %s:1024, %s:64MiB)",
                           spec->text, spec->name, spec->name, spec->name, spec->name);
         budget = shape->seq_len;
     }
     if (budget < 1) return errorf(err, errlen, "'%s': no budget and no context length", spec->text);
-    if (spec->residual > budget)
-        return errorf(err, errlen, "residual=%d in '%s' exceeds the budget of %d tokens (residual tokens are part of "
-                      "it)", spec->residual, spec->text, budget);
+    /* slots per lane: the budget; snapkv's lanes grow to -c after its compression (or stay at a larger budget); a
+       selection policy's lanes hold every token up to -c whatever it reads (a budget above -c reads them all) */
     int n_lanes = shape->n_layers * shape->n_kv_heads;
-    int slots = ops->grows ? (shape->seq_len > budget ? shape->seq_len : budget) : budget;
+    int slots = ops->select ? shape->seq_len : ops->grows ? (shape->seq_len > budget ? shape->seq_len : budget) : budget;
+    if (spec->residual > slots)
+        return errorf(err, errlen, "residual=%d in '%s' exceeds the %d slots of a lane (residual tokens are part of "
+                      "them)", spec->residual, spec->text, slots);
     c->budget = slots;
     if (caps) {
         c->budget = 0;

@@ -609,14 +609,16 @@ static const KVPolicyOps policy_snapkv = {
 /* ---------------------------------------------------------------------------------------------------------------
  * pool:N,group=G,recent=R,sinks=S: pooling of adjacent tokens, the merging family's plainest member (the
  * mean-pooled memory of Compressive Transformers, Rae et al. 2020, arXiv:1911.05507, section 3.1, applied to the KV
- * cache): the S first tokens (attention sinks, as StreamingLLM keeps them; default 0) and the R most recent (the
+ * cache): the S first tokens (attention sinks, as StreamingLLM keeps them) and the R most recent (the
  * current one counted) stay as they are; between them, each G adjacent positions [S+jG, S+jG+G) become one slot as
  * soon as all G have left the recent window (at step 1 of the token at S+jG+G-1+R), key and value the mean of the G
  * (kv.c merges: under pos=orig the keys are averaged after rotation), position that of the newest of the G. A lane so
  * holds the sinks, at most R-1 recent tokens, G-1 waiting to be pooled and the pooled slots; when it still reaches N
  * slots, the oldest pooled slot is evicted (the lane is then sinks + a window over pooled history + recent). A merged
  * slot covers its G positions for recall. A group some of whose tokens are gone (a document shorter than it) is
- * never pooled. N must be at least S + R + G. Defaults R = N/2, G = 4, S = 0. No metadata.
+ * never pooled. N must be at least S + R + G. Defaults R = N/2, G = 4, S = 4 (StreamingLLM's sinks: without them
+ * the first tokens, which most heads attend to, are averaged away, and on SmolLM2 KL grows about tenfold). No
+ * metadata.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct { int group, recent, sinks; } PoolState;
@@ -624,15 +626,20 @@ typedef struct { int group, recent, sinks; } PoolState;
 static int pool_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     PoolState *st = state_new(p, sizeof *st);
     if (!st) return errorf(err, errlen, "out of memory");
-    long g = 4, r = budget / 2 > 1 ? budget / 2 : 1, k = 0;
+    long g = 4, r = budget / 2 > 1 ? budget / 2 : 1, k = 4;
     if (opt_int(sp, "group", 2, 1 << 20, &g, err, errlen) < 0) return -1;
-    if (opt_int(sp, "recent", 1, 1 << 24, &r, err, errlen) < 0) return -1;
-    if (opt_int(sp, "sinks", 0, 1 << 24, &k, err, errlen) < 0) return -1;
+    int given_r = opt_int(sp, "recent", 1, 1 << 24, &r, err, errlen);
+    if (given_r < 0 || opt_int(sp, "sinks", 0, 1 << 24, &k, err, errlen) < 0) return -1;
     st->group = (int)g; st->recent = (int)r; st->sinks = (int)k;
-    if (budget < st->sinks + st->recent + st->group)
+    if (budget < st->sinks + st->recent + st->group) {
+        /* with the default recent = N/2 the rule N >= S + N/2 + G holds from N = 2(S + G) - 1 on */
+        char fix[96] = "";
+        if (!given_r) snprintf(fix, sizeof fix, " (with the default recent=N/2: a budget >= %d, or give recent=)",
+                               2 * (st->sinks + st->group) - 1);
         return errorf(err, errlen, "'%s': pool holds sinks=%d, recent=%d tokens, up to group-1=%d waiting to be "
-                      "pooled and at least one pooled slot: the budget must be at least sinks + recent + group = %d",
-                      sp->text, st->sinks, st->recent, st->group - 1, st->sinks + st->recent + st->group);
+                      "pooled and at least one pooled slot: the budget must be at least sinks + recent + group = %d%s",
+                      sp->text, st->sinks, st->recent, st->group - 1, st->sinks + st->recent + st->group, fix);
+    }
     return 0;
 }
 
@@ -667,7 +674,7 @@ static const KVPolicyOps policy_pool = {
     .name = "pool", .family = "merging",
     .paper = "mean pooling of adjacent tokens (Compressive Transformers, Rae et al. 2020, arXiv:1911.05507, section 3.1)",
     .summary = "pool:N,group=G,recent=R keeps R recent tokens (and S sinks) and pools older ones G to a slot (mean)",
-    .options = "group=G (default 4), recent=R (default N/2), sinks=S (default 0)", .reason = "oldest pooled slot",
+    .options = "group=G (default 4), recent=R (default N/2), sinks=S (default 4)", .reason = "oldest pooled slot",
     .needs_budget = 1,
     .evicts = 1, .init = pool_init, .merge = pool_merge, .evict = pool_evict, .describe = pool_describe,
 };
@@ -868,9 +875,16 @@ static int blocks_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget
     if (!st) return errorf(err, errlen, "out of memory");
     long G = 4, L = budget / 2 > 1 ? budget / 2 : 1, S = 0;
     if (opt_int(sp, "global", 0, 1 << 24, &G, err, errlen) < 0) return -1;
-    if (opt_int(sp, "local", 1, 1 << 24, &L, err, errlen) < 0) return -1;
-    if (opt_int(sp, "stride", 1, 1 << 30, &S, err, errlen) < 0) return -1;
+    int given_l = opt_int(sp, "local", 1, 1 << 24, &L, err, errlen);
+    if (given_l < 0 || opt_int(sp, "stride", 1, 1 << 30, &S, err, errlen) < 0) return -1;
     st->global = (int)G; st->local = (int)L;
+    if (!given_l && budget <= st->global + st->local) {   /* the default local = B/2 grows with the budget */
+        char fix[48] = "local=";
+        if (budget - st->global - 1 >= 1) snprintf(fix, sizeof fix, "local <= %d", budget - st->global - 1);
+        return errorf(err, errlen, "'%s': blocks always reads global=%d and local=%d tokens (the default local=B/2), "
+                      "which leaves no strided slot in a budget of %d: use a budget >= %d, or give %s", sp->text,
+                      st->global, st->local, budget, 2 * st->global + 1, fix);
+    }
     char what[64], fix[48];
     snprintf(what, sizeof what, "global=%d and local=%d", st->global, st->local);
     snprintf(fix, sizeof fix, "local <= %d", budget - st->global - 1);

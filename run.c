@@ -283,7 +283,10 @@ static void kvlog_event(void *ctx, const KVEvent *ev) {
     line_printf(l, "\",\"event\":\"%s\",", names[ev->kind]);
     if (lg->doc >= 0) line_printf(l, "\"doc\":%d,", lg->doc);
     line_printf(l, "\"step\":%d,\"layer\":%d,\"kv_head\":%d,", ev->pos_now, ev->layer, ev->kv_head);
-    if (ev->kind == KV_EV_EVICT) line_printf(l, "\"evicted_pos\":%d,", ev->pos);
+    if (ev->kind == KV_EV_EVICT) {
+        line_printf(l, "\"evicted_pos\":%d,", ev->pos);
+        if (ev->pos0 != ev->pos) line_printf(l, "\"first_pos\":%d,", ev->pos0);   /* a merged slot */
+    }
     else if (ev->kind == KV_EV_MERGE) line_printf(l, "\"pos\":%d,\"first_pos\":%d,\"merged\":%d,", ev->pos, ev->pos0, ev->n);
     else line_printf(l, "\"pos\":%d,\"band\":%d,\"ktype\":\"%s\",\"vtype\":\"%s\",", ev->pos, ev->band,
                      kv_type_names[ev->ktype], kv_type_names[ev->vtype]);
@@ -601,7 +604,10 @@ static int run_chat(Session *se, const Options *o) {
         IdList ids = {0};
         int stop = chat_render(&ids, m, fmt, system, user, turn == 0);
         if (interactive) { fprintf(stderr, "assistant> "); fflush(stderr); }
-        end = session_generate(se, &ids, o->steps ? o->steps : INT_MAX, stop, 1);
+        /* -n 0: up to the end of the context (the last generated position -c - 1), as in generate, over all turns */
+        int ctx = o->ctx ? o->ctx : m->config.seq_len, left = ctx - se->pos - (int)ids.n + 1;
+        int steps = o->steps ? o->steps : se->capacity != INT_MAX ? INT_MAX : left > 1 ? left : 1;
+        end = session_generate(se, &ids, steps, stop, 1);
         free(ids.ids);
         /* close the assistant's turn in the cache as the template renders it: ChatML "<|im_end|>\n", Llama 3
            "<|eot_id|>" (Llama 2 closes with EOS, which the next turn's BOS follows) */

@@ -44,7 +44,8 @@ expect_error "full,prec=f32:4" "prec=f32:4" "the last takes the rest"
 expect_error "full,prec=f32/q8" "prec=f32/q8" "every band but the last gives its tokens"
 expect_error "full,prec=f32:4/q3" "'q3'" "f32, f16, bf16, q8, q4"
 expect_error "full,type=q8,prec=f32:4/q8" "conflicts with type=" "prec=f32:R/T"
-expect_error "pool:10,group=4,recent=8" "pool:10,group=4,recent=8" "at least sinks + recent + group = 12"
+expect_error "pool:10,group=4,recent=8,sinks=0" "pool:10,group=4,recent=8" "at least sinks + recent + group = 12"
+expect_error "pool:5" "= 10" "with the default recent=N/2: a budget >= 15"
 expect_error "pool:16,group=1" "bad group=1" "[2,"
 expect_error "topk:1MiB" "topk:1MiB" "topk:256"
 expect_error "quest:16" "page=16" "a budget >= 32, or page <= 8"
@@ -61,6 +62,12 @@ for spec in $("$RUN" -h policies | sed -n 's/^    example: //p' | grep -v '^full
     if [ $rc -eq 0 ] && [ "$n" -eq 60 ]; then pass "./run -kv '$spec' generates 60 tokens past twice its budget"
     else fail "./run -kv '$spec': exit $rc, $n tokens, stderr: $(tail -c 300 "$tmp/err")"; fi
 done
+
+# a selection policy's lanes hold -c tokens whatever it reads: topk:100 with -c 32 has 32 slots and stops at -c
+"$RUN" "$M" -t 0 -c 32 -n 0 -i "$PROMPT" -kv topk:100 >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -eq 0 ] && grep -q "32 slots per lane" "$tmp/err" && [ "$(wc -w <"$tmp/out")" -eq $((32 - 12 + 1)) ]; then
+    pass "topk:100 with -c 32: 32 slots per lane, generation stops at the context ($(wc -w <"$tmp/out") tokens)"
+else fail "topk:100 with -c 32: exit $rc, $(wc -w <"$tmp/out") tokens, $(grep -o '[0-9]* slots per lane' "$tmp/err")"; fi
 
 # with room for all 71 positions every policy gives full's greedy ids
 ref=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv full 2>/dev/null)

@@ -166,6 +166,14 @@ elif [ -f "$SMOL" ]; then
     else fail "-d ref: '$b' vs '$a' ($(tail -c 200 "$tmp/err"))"; fi
     out=$("$RUN" "$SMOL" -m chat -t 0 -n 32 -i "What is the capital of France?" 2>/dev/null)
     if [ "$out" = "The capital of France is Paris." ]; then pass "chat answers in text: $out"; else fail "chat text: '$out'"; fi
+    # chat -n 0 under an evicting policy stops at the end of the context as generate does: the rendered prompt (ChatML,
+    # default system prompt) and the answer fill positions 0..-c-1 at most, here -c 64 with a window of 16
+    n=$(timeout 120 "$RUN" "$SMOL" -m chat -t 0 -n 0 -c 64 -kv window:16 -ids -v -i "Count from one to one hundred." \
+        2>"$tmp/err" | wc -w); rc=$?
+    np=$(sed -n 's/^prompt \([0-9]*\) tok.*/\1/p' "$tmp/err")
+    if [ $rc -eq 0 ] && [ -n "$np" ] && [ "$n" -ge 1 ] && [ "$n" -le $((64 - np + 1)) ]; then
+        pass "chat -n 0 -c 64 under window:16 stops within the context ($np prompt tokens, $n generated, at most $((64 - np + 1)))"
+    else fail "chat -n 0 -c 64 under window:16: exit $rc, $n ids ($(tail -c 200 "$tmp/err"))"; fi
     expect_error "prompt longer than -c under full (SmolLM2)" "longer than the context of 4 tokens" \
         "$RUN" "$SMOL" -c 4 -i "one two three four five six"
 else

@@ -204,8 +204,7 @@ static void rot_double(const float *x, int p, double *r) {
 
 static void run_pool(int N, int G, int R, int S, int T) {
     char spec[48];
-    snprintf(spec, sizeof spec, "pool:%d,group=%d,recent=%d", N, G, R);
-    if (S) snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ",sinks=%d", S);
+    snprintf(spec, sizeof spec, "pool:%d,group=%d,recent=%d,sinks=%d", N, G, R, S);
     KVShape s = vshape(MAXT, 0);   /* real RoPE: merged keys are means of rotated keys */
     KVCache c;
     if (tcache(&c, &s, spec)) return;
@@ -323,8 +322,11 @@ static void test_pool(void) {
     run_pool(12, 3, 4, 0, 60);
     run_pool(8, 2, 3, 0, 60);
     run_pool(12, 3, 4, 2, 60);   /* sinks=S: positions 0..S-1 never pooled or evicted, groups start at S */
-    CHECK(init_fails_with("pool:6,group=3,recent=4", "recent + group", "= 7", err, sizeof err),
-          "pool:6,group=3,recent=4 fails kv_cache_init naming the budget rule, recent + group = 7 (%s)", err);
+    CHECK(init_fails_with("pool:6,group=3,recent=4,sinks=0", "recent + group", "= 7", err, sizeof err),
+          "pool:6,group=3,recent=4,sinks=0 fails kv_cache_init naming the budget rule, recent + group = 7 (%s)", err);
+    CHECK(init_fails_with("pool:6,group=3", "= 10", "a budget >= 13", err, sizeof err),
+          "pool:6,group=3 (default recent=3, sinks=4) fails naming the rule, 4 + 3 + 3 = 10, and the smallest budget the "
+          "defaults allow, 2(4 + 3) - 1 = 13 (%s)", err);
     CHECK(init_fails_with("pool:9,group=3,recent=4,sinks=3", "sinks + recent + group", "= 10", err, sizeof err),
           "pool:9,group=3,recent=4,sinks=3 fails kv_cache_init: sinks + recent + group = 10 (%s)", err);
     CHECK(init_fails_with("pool:12,group=1,recent=4", "group=1", "[2,", err, sizeof err),

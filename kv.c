@@ -507,9 +507,12 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
        selection policy's lanes hold every token up to -c whatever it reads (a budget above -c reads them all) */
     int n_lanes = shape->n_layers * shape->n_kv_heads;
     int slots = ops->select ? shape->seq_len : ops->grows ? (shape->seq_len > budget ? shape->seq_len : budget) : budget;
+    if (spec->residual > slots && slots == budget)
+        return errorf(err, errlen, "residual=%d in '%s' exceeds the budget of %d tokens (residual tokens are part of "
+                      "it)", spec->residual, spec->text, budget);
     if (spec->residual > slots)
-        return errorf(err, errlen, "residual=%d in '%s' exceeds the %d slots of a lane (residual tokens are part of "
-                      "them)", spec->residual, spec->text, slots);
+        return errorf(err, errlen, "residual=%d in '%s' exceeds the %d slots of a lane (-c; residual tokens are part "
+                      "of them)", spec->residual, spec->text, slots);
     c->budget = slots;
     if (caps) {
         c->budget = 0;

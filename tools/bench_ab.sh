@@ -37,8 +37,9 @@ for r in $(seq 1 "$RUNS"); do
         R[f32_$w]+="$(decode "$run" "$F32") "; R[q8_$w]+="$(decode "$run" "$Q8") "
         [ "$r" -le "$PPL_RUNS" ] && R[ppl_$w]+="$(ppl "$run") "
     done
-    echo "bench_ab: round $r ($order): f32 ${R[f32_a]##* } / ${R[f32_b]##* }, q8 ${R[q8_a]##* } / ${R[q8_b]##* }" \
-         "(before / after, newest last)"
+    last() { echo "$1" | awk '{ print $NF }'; }
+    echo "bench_ab: round $r ($order): decode f32 $(last "${R[f32_a]}") / $(last "${R[f32_b]}"), q8" \
+         "$(last "${R[q8_a]}") / $(last "${R[q8_b]}") tok/s (before / after)"
 done
 stats() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%9.2f %9.2f %9.2f", v[1], v[int((NR + 1) / 2)], v[NR] }'; }
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }

@@ -31,6 +31,16 @@ static inline KVShape tshape(int n_layers, int n_heads, int n_kv_heads, int head
     return s;
 }
 
+/* tshape with RoPE made the identity to f32 precision (frequency factors of 1e30), so scores are plain dot products:
+ * the policy tests craft query-key alignments that decide attention. head_dim <= 512. */
+static inline KVShape tshape_norope(int n_layers, int n_heads, int n_kv_heads, int head_dim, int seq_len) {
+    static float off[256];
+    for (int i = 0; i < 256; i++) off[i] = 1e30f;
+    KVShape s = tshape(n_layers, n_heads, n_kv_heads, head_dim, seq_len);
+    s.rope_factors = off;
+    return s;
+}
+
 /* Parse + init; on error print FAIL with the message and return -1. */
 static inline int tcache(KVCache *c, const KVShape *s, const char *spec_text) {
     KVSpec sp;

@@ -27,14 +27,9 @@
 /* output tolerance of tests/test_verbs.c: 64 f32 ulps of 4 */
 #define OUT_TOL (64 * 4 * 1.2e-7)
 
-static float rope_off[HD / 2];
-
-/* identity: frequency factors of 1e30 make RoPE the identity to f32 precision */
+/* identity: RoPE the identity to f32 precision (tshape_norope) */
 static KVShape sshape(int seq_len, int identity) {
-    KVShape s = tshape(L, NH, NKV, HD, seq_len);
-    for (int i = 0; i < HD / 2; i++) rope_off[i] = 1e30f;
-    if (identity) s.rope_factors = rope_off;
-    return s;
+    return identity ? tshape_norope(L, NH, NKV, HD, seq_len) : tshape(L, NH, NKV, HD, seq_len);
 }
 
 /* The stream: K, V (NKV*HD) and Q (NH*HD) before RoPE, positions 0..MAXT. With dup_page P: the keys of every page
@@ -393,9 +388,7 @@ static void test_oracle(void) {
     const char *specs[] = {"topk:16", "quest:16,page=4", "quest:16,page=8", "blocks:16",
                            "blocks:16,global=4,local=8,stride=8", "blocks:16,global=1,local=14,stride=1000"};
     enum { NS = sizeof specs / sizeof specs[0] };
-    KVShape s = tshape(OL, NH, NKV, HD, OT);
-    for (int i = 0; i < HD / 2; i++) rope_off[i] = 1e30f;
-    s.rope_factors = rope_off;   /* RoPE off: the scores are the plain dot products the script aims */
+    KVShape s = tshape_norope(OL, NH, NKV, HD, OT);   /* the scores are the plain dot products the script aims */
     KVCache c[NS];
     int ok_init = 1;
     for (int i = 0; i < NS; i++)

@@ -29,14 +29,9 @@
    over <= a few dozen slots; measured errors are reported) */
 #define OUT_TOL (64 * 4 * 1.2e-7)
 
-static float rope_off[HD / 2];
-
-/* identity: frequency factors of 1e30 make RoPE the identity to f32 precision (scores are plain dot products) */
+/* identity: RoPE the identity to f32 precision (scores are plain dot products, tshape_norope) */
 static KVShape vshape(int seq_len, int identity) {
-    KVShape s = tshape(L, NH, NKV, HD, seq_len);
-    for (int i = 0; i < HD / 2; i++) rope_off[i] = 1e30f;
-    if (identity) s.rope_factors = rope_off;
-    return s;
+    return identity ? tshape_norope(L, NH, NKV, HD, seq_len) : tshape(L, NH, NKV, HD, seq_len);
 }
 
 /* the stream: K, V (NKV*HD) and Q (NH*HD) before RoPE, for positions 0..MAXT. With dups, every 9th token (t = 17,

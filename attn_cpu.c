@@ -336,11 +336,13 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
 
 /* How many of the next tokens of layer l can attend as one chunk: every lane has room for them (no step-1
  * eviction), the policy never frees or merges slots (no prune, no merge) nor selects, there is one precision band
- * (a token recoded into the next band changes its bits) and attention runs on the CPU's fast backend (the reference goes token
- * by token). 0 when none can. */
+ * (a token recoded into the next band changes its bits), one memory tier (the fast tier's bookkeeping follows
+ * each token's store and read in turn) and attention runs on the CPU's fast backend (the reference goes token by
+ * token). 0 when none can. */
 static int chunk_room(const KVCache *c, int l) {
     const KVPolicyOps *ops = c->policy.ops;
-    if (c->device || c->n_bands > 1 || ops->prune || ops->merge || ops->select || c->backend == KV_BACKEND_REF)
+    if (c->device || c->n_bands > 1 || ops->prune || ops->merge || ops->select || c->backend == KV_BACKEND_REF
+        || c->tiers)
         return 0;
     int room = c->budget;
     for (int g = 0; g < c->shape.n_kv_heads; g++) {
@@ -640,6 +642,7 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
             t += nt;
             continue;
         }
+        if (c->pf_q && c->pf_layer == l) kv_prefetch(c, l, pos0 + t, c->pf_q + (size_t)t * q_dim);
         if (kv_append(c, l, pos0 + t, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim)) return -1;
         if (c->backend == KV_BACKEND_REF) kv_attend_ref(c, out + (size_t)t * q_dim, l, pos0 + t, q + (size_t)t * q_dim);
         else kv_attend_cpu(c, out + (size_t)t * q_dim, l, pos0 + t, q + (size_t)t * q_dim);

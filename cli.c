@@ -48,6 +48,8 @@ static const FlagDef FLAGS[] = {
     {"-d", "DEV", M_CACHE, "ref (attention by its definition, plain loops: slow, for checking), cpu, or cuda (generate "
                            "and chat); default cuda when usable, else cpu"},
     {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH, "results, JSON lines, appended"},
+    {"-link", "GB/s", M_CACHE, "the slow memory tier's link, for the modelled stall time of a fast= tier; default 64 "
+                               "(PCIe 5 x16)"},
     {"-chunk", "N", M_PPL | M_PASSKEY, "tokens per batched step, default 1 (ppl), 32 (passkey); same results"},
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
@@ -95,7 +97,7 @@ void usage(FILE *f) {
     fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
                "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, prec=T:N/.../T, pos=orig|cache, "
-               "agg=mean|max\n"
+               "agg=mean|max, fast=BYTES|P%%, prefetch=0|1\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
 
@@ -131,7 +133,12 @@ void usage_policies(FILE *f) {
                "                            and residual=; residual=R with type=T is prec=f32:R/T); at most 4 bands,\n"
                "                            clipped to the lane (the last band takes what is left)\n"
                "  pos=orig|cache            RoPE by original position (default) or by rank in the cache (StreamingLLM)\n"
-               "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n");
+               "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n"
+               "  fast=BYTES|P%%             a fast memory tier of BYTES (64MiB) or P%% of the cache's vector bytes over a\n"
+               "                            slow one: the slots a step reads move in when missing, the least recently\n"
+               "                            read leave first (split evenly over the lanes); moves and hits reported\n"
+               "  prefetch=0|1              with fast=: move what the next layer's predicted query reads ahead\n"
+               "                            (InfiniGen), default 0\n");
 }
 
 static const FlagDef *flag_find(const char *a) {
@@ -187,6 +194,9 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
             return errorf(err, errlen, "unknown device '-d %s'; devices: ref, cpu, cuda", v);
         o->device = v;
     } else if (!strcmp(a, "-o")) { o->out = v;
+    } else if (!strcmp(a, "-link")) {
+        if (parse_float(v, 0, 1e6, &x) || x == 0) return errorf(err, errlen, "bad -link '%s': GB/s in (0, 1e6]", v);
+        o->link_gbs = x;
     } else if (!strcmp(a, "-chunk")) {
         if (parse_long(v, 1, 1 << 16, &n)) return errorf(err, errlen, "bad -chunk '%s': a chunk size in [1, 65536]", v);
         o->chunk = (int)n;
@@ -211,6 +221,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     o->kvt = KV_F32;
     o->device = "auto";
     o->ppl_mode = "stream";
+    o->link_gbs = 64;
     o->argc = argc;
     o->argv = argv;
     if (argc < 2) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");

@@ -19,6 +19,7 @@ typedef struct {
     int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, seed_set;
     const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;
+    double link_gbs;     /* -link: the slow tier's bandwidth, GB/s (1e9 bytes/s) */
     unsigned long long seed;
     KVType kvt;
     int argc;            /* the command line, for the records of -o */

@@ -170,6 +170,30 @@ typedef struct {
 
 typedef struct { EvalCtx *e; PolicyRun *r; } HookCtx;
 
+/* A fast tier's figures over `steps` tokens that took `seconds` of compute: one line to f, or JSON fields (each
+ * followed by a comma) to a record; kv_tier_figures has the stall model. */
+static KVTierFigures tier_figures(const KVCache *c, long steps, double seconds, double link_gbs, double *compute_s) {
+    *compute_s = steps > 0 ? seconds / steps : 0;
+    return kv_tier_figures(&c->tier, NULL, steps, *compute_s, link_gbs * 1e9);
+}
+static void tier_print(FILE *f, const KVCache *c, long steps, double seconds, double link_gbs) {
+    double compute_s;
+    KVTierFigures x = tier_figures(c, steps, seconds, link_gbs, &compute_s);
+    char buf[512];
+    kv_tier_line(buf, sizeof buf, c, &x, compute_s);
+    fprintf(f, "  %s: %s\n", c->spec.text, buf);
+}
+static void tier_json(Line *ln, const KVCache *c, long steps, double seconds, double link_gbs) {
+    double compute_s;
+    KVTierFigures x = tier_figures(c, steps, seconds, link_gbs, &compute_s);
+    line_printf(ln, "\"kv_fast_bytes\":%zu,\"kv_fast_peak_bytes\":%zu,\"tier_hit_rate\":%.9g,"
+                "\"kv_demand_bytes_per_token\":%.1f,\"kv_prefetch_bytes_per_token\":%.1f,\"prefetch_hit_rate\":%.9g,"
+                "\"kv_wasted_bytes_per_token\":%.1f,\"kv_predict_bytes_per_token\":%.1f,\"link_gbs\":%g,"
+                "\"stall_ms_per_token\":%.6g,\"compute_ms_per_token\":%.6g,", c->tier.cap, c->tier.fast_peak,
+                x.hit_rate, x.demand, x.prefetch, x.prefetch_hit_rate, x.wasted, x.predict, link_gbs, x.stall_s * 1e3,
+                compute_s * 1e3);
+}
+
 /* After the shadow's layer l attended at pos: keep its per-head probabilities for this token of the chunk (live
  * order = position order: it never evicts and restarts with each document). Runs go in lockstep layer by layer, so
  * only the current layer is kept. */
@@ -687,6 +711,7 @@ int run_ppl(Model *m, const Options *o) {
                 line_printf(&ln, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
             line_printf(&ln, "],");
         }
+        if (r->cache.tiers) tier_json(&ln, &r->cache, r->cache.steps_read, r->seconds, o->link_gbs);
         line_printf(&ln, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,"
                     "\"kv_read_bytes_per_token\":%.1f,\"kv_moved_bytes_per_token\":%.1f,\"seconds\":%.3f,"
                     "\"wall_seconds\":%.3f,", r->peak.total_alloc, r->peak.peak_live, r->peak.formula_alloc, read,
@@ -695,6 +720,12 @@ int run_ppl(Model *m, const Options *o) {
         json_provenance_end(&ln, &pv);
         outfile_line(&out, &ln);
     }
+    for (int k = 0; k < n_runs; k++)
+        if (runs[k].cache.tiers) {
+            if (k == 1 || !runs[k - 1].cache.tiers)
+                fprintf(stderr, "\nmemory tiers (modelled; the slow tier's link at %g GB/s, -link):\n", o->link_gbs);
+            tier_print(stderr, &runs[k].cache, runs[k].cache.steps_read, runs[k].seconds, o->link_gbs);
+        }
     fprintf(stderr, "ppl: %.1f s, %.1f tok/s per policy run, peak RSS %.1f MiB\n", secs,
             secs > 0 ? (double)done * n_runs / secs : 0, peak_rss_kib() / 1024.0);
     if (partial && chunked)

@@ -152,7 +152,26 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
 }
 
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4"
-#define COMMON_KEYS "type, ktype, vtype, residual, prec, pos, agg"
+#define COMMON_KEYS "type, ktype, vtype, residual, prec, pos, agg, fast, prefetch"
+
+/* fast=BYTES ("64MiB", "512KiB", "4096B", "4096") or fast=P% (0 < P <= 100, of the cache's vector bytes). 0, or -1. */
+static int parse_fast(KVSpec *sp, const char *val) {
+    size_t len = strlen(val);
+    if (len >= sizeof sp->fast_text) return -1;
+    strcpy(sp->fast_text, val);
+    if (len > 1 && val[len - 1] == '%') {
+        char *end;
+        double p = strtod(val, &end);
+        if (end != val + len - 1 || !(p > 0 && p <= 100)) return -1;
+        sp->fast_frac = p / 100;
+        return 0;
+    }
+    int tokens = 0;
+    size_t bytes = 0;
+    if (parse_budget(val, &tokens, &bytes)) return -1;
+    sp->fast_bytes = tokens ? (size_t)tokens : bytes;   /* a plain number is bytes here */
+    return sp->fast_bytes ? 0 : -1;
+}
 
 /* prec=T0:N0/T1:N1/.../TL: the precision bands, newest first; every band but the last gives its slots. 0, or -1 +
  * message. */
@@ -225,7 +244,8 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
         return errorf(err, errlen, "budget 0 in '%s': a lane needs at least one slot; give tokens per lane (1024) "
                       "or bytes for the whole cache (64MiB)", text);
     /* each common key once; type= and ktype=/vtype= exclude each other in either order */
-    int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0, seen_prec = 0;
+    int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0, seen_prec = 0, seen_fast = 0,
+        seen_prefetch = 0;
     while ((part = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(part, '=');
         if (!eq || eq == part || !eq[1])
@@ -268,6 +288,16 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
             else if (!strcmp(val, "cache")) sp->pos = POS_CACHE;
             else return errorf(err, errlen, "unknown pos=%s in '%s'; choices: orig, cache", val, text);
             seen = &seen_pos;
+        } else if (!strcmp(key, "fast")) {
+            if (!seen_fast && parse_fast(sp, val))
+                return errorf(err, errlen, "bad fast=%s in '%s': the fast memory tier's bytes for the whole cache "
+                              "(64MiB, 512KiB, 4096B) or a share of the cache's vector bytes (25%%)", val, text);
+            seen = &seen_fast;
+        } else if (!strcmp(key, "prefetch")) {
+            if (strcmp(val, "0") && strcmp(val, "1"))
+                return errorf(err, errlen, "bad prefetch=%s in '%s': 0 or 1", val, text);
+            sp->prefetch = val[0] == '1';
+            seen = &seen_prefetch;
         } else if (!strcmp(key, "agg")) {
             if (!strcmp(val, "mean")) sp->agg = AGG_MEAN;
             else if (!strcmp(val, "max")) sp->agg = AGG_MAX;
@@ -476,9 +506,9 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     if (spec->budget_bytes) {
         if (ops->select)
             return errorf(err, errlen, "'%s': %s stores every token up to the context (-c) and its budget is the "
-                          "tokens one query reads, so a byte budget does not set its size (that needs a fast memory "
-                          "tier, fast=, not built yet); give it in tokens (%s:256)", spec->text, spec->name,
-                          spec->name);
+                          "tokens one query reads, so a byte budget does not set its size (a fast memory tier, "
+                          "fast=BYTES, sets what it keeps in fast memory); give it in tokens (%s:256)", spec->text,
+                          spec->name, spec->name);
         if (ops->grows)
             return errorf(err, errlen, "'%s': %s's lanes grow to the context (-c) after its compression, so a byte "
                           "budget does not set its size; give its budget in tokens (%s:1024)", spec->text,
@@ -594,6 +624,7 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     uint8_t *p = c->arena;
     for (int i = 0; i < n_lanes; i++) p += lane_carve(c, &c->lanes[i], caps ? caps[i] : B, p);
     c->policy.lanes = c->lanes;
+    if (kv_tier_init(c, err, errlen)) { kv_cache_free(c); return -1; }
     kv_cache_reset(c);
     return 0;
 }
@@ -616,6 +647,7 @@ void kv_cache_reset(KVCache *c) {
     c->policy.prompt_len = 0;
     if (c->policy.ops && c->policy.ops->reset) c->policy.ops->reset(&c->policy);
     c->live_bytes = 0;
+    kv_tier_reset(c);
 }
 
 void kv_cache_free(KVCache *c) {
@@ -626,6 +658,7 @@ void kv_cache_free(KVCache *c) {
     free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->run_buf); free(c->score_buf);
     free(c->sel_score); free(c->read_rank); free(c->read_n);
+    kv_tier_free(c);
     memset(c, 0, sizeof *c);
 }
 
@@ -658,6 +691,7 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
     dst->bytes_read = src->bytes_read;
     dst->steps_read = src->steps_read;
     dst->bytes_moved = src->bytes_moved;
+    kv_tier_copy(dst, src);
     return 0;
 }
 
@@ -709,6 +743,7 @@ static void slot_release(KVCache *c, KVLane *ln, int s) {
     if (ln->pos0) ln->pos0[s] = -1;
     ln->free[b][ln->n_free[b]++] = s;
     c->live_bytes -= token_bytes(c, b);
+    kv_tier_release(c, (int)(ln - c->lanes), s);
 }
 
 /* Drop freed slots from the live list in one pass (so freeing many at once, as snapkv does, stays linear). */
@@ -800,6 +835,7 @@ static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
     ln->live[i] = to;
     ln->free[b][ln->n_free[b]++] = from;
     int lane = l * c->shape.n_kv_heads + g;
+    kv_tier_move(c, lane, from, to, band_pair_bytes(c, b));
     if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_MOVE, lane, to, from, i, ln->pos[to], NULL, NULL);
     emit(c, KV_EV_RECODE, t, l, g, ln->pos[to], ln->pos0 ? ln->pos0[to] : ln->pos[to], 1, next, 0);
     c->live_bytes = c->live_bytes - token_bytes(c, b) + token_bytes(c, next);
@@ -837,6 +873,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
         if (ln->n_live > ln->peak_live) ln->peak_live = ln->n_live;
         memset(ln->meta + (size_t)slot * c->meta_bytes, 0, c->meta_bytes);
+        kv_tier_store(c, lane, slot);
         if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_STORE, lane, slot, -1, ln->n_live - 1, t, k + (size_t)g * hd,
                                   v + (size_t)g * hd);
         if (ops->on_insert) ops->on_insert(&c->policy, lane, ln, ln->n_live - 1, t);
@@ -888,6 +925,52 @@ void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
     kv_attend_policy(c, l, t);
 }
 
+/* The ranks a query of lane (l, g) reads, as its selection policy chooses them: the group's queries q (group,
+ * head_dim, before RoPE) rotated by position or rank `rot` into qr (group, head_dim), the scores (sel_score) or keys
+ * (this kv head's share of kbuf) the policy asks for, then select(pos_now); its answer checked. Returns m, ranks in
+ * rr (increasing). */
+static int select_ranks(KVCache *c, int l, int g, int pos_now, int rot, const float *q, float *qr, int *rr) {
+    const KVShape *s = &c->shape;
+    const KVPolicyOps *ops = c->policy.ops;
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, lane = l * s->n_kv_heads + g;
+    const KVLane *ln = &c->lanes[lane];
+    int n = ln->n_live;
+    float scale = 1.0f / sqrtf((float)hd), kx[hd];
+    for (int hh = 0; hh < group; hh++) {   /* the group's queries, rotated as kv_attend_ref rotates them */
+        memcpy(qr + (size_t)hh * hd, q + (size_t)hh * hd, (size_t)hd * sizeof(float));
+        kv_rope(qr + (size_t)hh * hd, s, rot);
+    }
+    /* the scores select chooses from: the group mean of q·k_i/√head_dim over every live key */
+    if (ops->select_scores)
+        for (int i = 0; i < n; i++) {
+            const float *k = kv_lane_key(c, ln, i, kx);
+            float sum = 0;
+            for (int hh = 0; hh < group; hh++) {
+                float dot = 0;
+                for (int d = 0; d < hd; d++) dot += qr[(size_t)hh * hd + d] * k[d];
+                sum += dot * scale;
+            }
+            c->sel_score[i] = sum / group;
+        }
+    /* the keys select chooses from (select_keys): every live key as attention sees it, row i = rank i, in this
+       kv head's share of kbuf (workspace: not a read of the cache, the policy reports its own, select_bytes) */
+    float *keys = NULL;
+    if (ops->select_keys) {
+        keys = c->kbuf + (size_t)g * c->budget * hd;
+        for (int i = 0; i < n; i++) {
+            float *row = keys + (size_t)i * hd;
+            const float *k = kv_lane_key(c, ln, i, row);
+            if (k != row) memcpy(row, k, (size_t)hd * sizeof(float));
+        }
+    }
+    int m = ops->select(&c->policy, lane, ln, pos_now, ops->select_scores ? c->sel_score : NULL, keys, qr, rr,
+                        c->budget);
+    if (m < 1 || m > n) policy_bug(c, "select", l, g, m, n);
+    for (int j = 0; j < m; j++)
+        if (rr[j] < 0 || rr[j] >= n || (j && rr[j] <= rr[j - 1])) policy_bug(c, "select", l, g, rr[j], n);
+    return m;
+}
+
 /* Step 3 of a selection policy (kv.h): the same loops as kv_attend_ref, over the chosen ranks only. */
 void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
@@ -898,39 +981,10 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
         int lane = l * n_kv + g;
         const KVLane *ln = &c->lanes[lane];
         int n = ln->n_live, *rr = c->read_rank + (size_t)g * B;
-        for (int hh = 0; hh < group; hh++) {   /* the group's queries, rotated as kv_attend_ref rotates them */
-            memcpy(qr[hh], q + (size_t)(g * group + hh) * hd, (size_t)hd * sizeof(float));
-            kv_rope(qr[hh], s, c->spec.pos == POS_CACHE ? n - 1 : t);
-        }
-        /* the scores select chooses from: the group mean of q·k_i/√head_dim over every live key */
-        if (ops->select_scores)
-            for (int i = 0; i < n; i++) {
-                const float *k = kv_lane_key(c, ln, i, kx);
-                float sum = 0;
-                for (int hh = 0; hh < group; hh++) {
-                    float dot = 0;
-                    for (int d = 0; d < hd; d++) dot += qr[hh][d] * k[d];
-                    sum += dot * scale;
-                }
-                c->sel_score[i] = sum / group;
-            }
-        /* the keys select chooses from (select_keys): every live key as attention sees it, row i = rank i, in this
-           kv head's share of kbuf (workspace: not a read of the cache, the policy reports its own, select_bytes) */
-        float *keys = NULL;
-        if (ops->select_keys) {
-            keys = c->kbuf + (size_t)g * B * hd;
-            for (int i = 0; i < n; i++) {
-                float *row = keys + (size_t)i * hd;
-                const float *k = kv_lane_key(c, ln, i, row);
-                if (k != row) memcpy(row, k, (size_t)hd * sizeof(float));
-            }
-        }
-        int m = ops->select(&c->policy, lane, ln, t, ops->select_scores ? c->sel_score : NULL, keys, &qr[0][0], rr,
-                            B);
-        if (m < 1 || m > n) policy_bug(c, "select", l, g, m, n);
-        for (int j = 0; j < m; j++)
-            if (rr[j] < 0 || rr[j] >= n || (j && rr[j] <= rr[j - 1])) policy_bug(c, "select", l, g, rr[j], n);
+        int m = select_ranks(c, l, g, t, c->spec.pos == POS_CACHE ? n - 1 : t, q + (size_t)g * group * hd, &qr[0][0],
+                             rr);
         c->read_n[g] = m;
+        kv_tier_read(c, lane, rr, m);
         /* bytes read: every key scored to choose (select_scores) or the chosen keys, the chosen values, and what the
            policy read to choose (select_bytes: quest's page bounds) */
         for (int i = 0; ops->select_scores && i < n; i++) c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[i])];
@@ -963,13 +1017,41 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
     kv_attend_policy(c, l, t);
 }
 
+void kv_set_prefetch_queries(KVCache *c, int l, const float *q) { c->pf_q = q; c->pf_layer = l; }
+
+void kv_prefetch(KVCache *c, int l, int t, const float *q) {
+    if (!c->tiers || !c->spec.prefetch) return;
+    const KVShape *s = &c->shape;
+    const KVPolicyOps *ops = c->policy.ops;
+    int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv;
+    float qr[group * hd];
+    for (int g = 0; g < n_kv; g++) {
+        int lane = l * n_kv + g;
+        const KVLane *ln = &c->lanes[lane];
+        int n = ln->n_live;
+        if (n == 0) continue;
+        if (!ops->select) { kv_tier_prefetch_ranks(c, lane, NULL, n); continue; }
+        /* the predicted query as the newest stored token's own: select at pos_now t-1 over the live ranks, the
+           query rotated where token t's will be (position t, or rank n under pos=cache) */
+        int *rr = c->victim_buf;
+        int m = select_ranks(c, l, g, t - 1, c->spec.pos == POS_CACHE ? n : t, q + (size_t)g * group * hd, qr, rr);
+        for (int i = 0; ops->select_scores && i < n; i++)
+            c->tier.predict_bytes += c->band_kb[kv_slot_band(ln, ln->live[i])];
+        if (ops->select_bytes) c->tier.predict_bytes += ops->select_bytes(&c->policy, lane, ln, t - 1);
+        kv_tier_prefetch_ranks(c, lane, rr, m);
+    }
+}
+
 void kv_attend_policy(KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     int n_kv = c->shape.n_kv_heads, group = c->shape.n_heads / n_kv, budget = c->budget;
     /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune); a
        selection policy's reads were counted by kv_attend_select */
     if (!ops->select) {
-        for (int g = 0; g < n_kv; g++) c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+        for (int g = 0; g < n_kv; g++) {
+            c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+            kv_tier_read(c, l * n_kv + g, NULL, c->lanes[l * n_kv + g].n_live);
+        }
         if (l == 0) c->steps_read++;
     }
     /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */
@@ -1011,10 +1093,14 @@ void kv_describe(const KVCache *c, char *buf, size_t len) {
             w += (size_t)snprintf(prec + w, sizeof prec - w, "%s%s:%d", b ? "/" : "", kv_type_names[c->band_ktype[b]],
                                   c->lanes[0].band_slots[b]);
     }
-    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d%s, pos %s, agg %s", c->spec.name,
-             c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s", kv_type_names[c->spec.ktype],
-             kv_type_names[c->spec.vtype], c->residual, prec, c->spec.pos == POS_CACHE ? "cache" : "orig",
-             c->spec.agg == AGG_MAX ? "max" : "mean");
+    char fast[96] = "";
+    if (c->tiers)
+        snprintf(fast, sizeof fast, ", fast tier %.2f MiB (%zu B per lane)%s", c->tier.cap / 1048576.0,
+                 c->tier.lane_cap, c->spec.prefetch ? ", prefetch" : "");
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d%s, pos %s, agg %s%s",
+             c->spec.name, c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s",
+             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], c->residual, prec,
+             c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast);
 }
 
 int kv_lane_read(const KVCache *c, int l, int g, int *spans, int max) {

@@ -110,6 +110,10 @@ typedef struct {
     char keys[KV_MAX_PARAMS][24];
     char vals[KV_MAX_PARAMS][40];
     int used[KV_MAX_PARAMS];  /* set when a policy reads a key: an unread key is an error (a typo is never ignored) */
+    size_t fast_bytes;        /* fast=BYTES: the fast memory tier's bytes, whole cache; 0 = one tier (or fast_frac) */
+    double fast_frac;         /* fast=P%: the fast tier as a share of the cache's allocated vector bytes; 0 = none */
+    char fast_text[24];       /* fast='s value as given, for messages */
+    int prefetch;             /* prefetch=1: move what the next layer's predicted query reads ahead (kv_prefetch) */
     char text[160];           /* the spec as given, for reports */
 } KVSpec;
 
@@ -291,6 +295,23 @@ typedef struct {
 } KVEvent;
 typedef void (*KVEventFn)(void *ctx, const KVEvent *ev);
 
+/* Memory tiers (fast=BYTES or fast=P%, prefetch=1; kv_tier.c has the model): every token's home is the slow tier;
+ * the fast tier holds copies of at most lane_cap vector bytes per lane (fast= split evenly over the lanes), the least
+ * recently read slot leaving first. Counters since kv_cache_init (kv_cache_reset keeps them); slot counts are per
+ * lane (a slot read by a kv head's queries counts once, as bytes_read does). */
+typedef struct {
+    size_t cap, lane_cap;       /* bytes of the fast tier, whole cache and per lane; cap 0: one tier */
+    size_t vec_alloc;           /* the cache's allocated vector bytes (what fast=P% is a share of) */
+    size_t fast_bytes, fast_peak;   /* vector bytes in the fast tier now, and the most at any moment */
+    uint64_t reads, hits;       /* slots attention read, and those it found in the fast tier (new tokens included) */
+    uint64_t demand_bytes;      /* moved in because a read missed: the step waits for them */
+    uint64_t prefetch_bytes, prefetch_slots;   /* moved in ahead by prefetch=1 (overlapping compute) */
+    uint64_t prefetch_hits;     /* prefetched slots that a read then found there */
+    uint64_t wasted_bytes;      /* prefetched slots that left the fast tier (or were freed) unread */
+    uint64_t predict_bytes;     /* KV bytes the predictor read to choose (a selection policy's scores or index) */
+} KVTierStats;
+typedef struct KVTierLane KVTierLane;
+
 /* Changes to a lane's slots, reported in order to an optional observer: the CUDA mirror (attn.cu), which is told
  * which slots changed instead of rescanning or copying the cache (the reason for the index-list design above).
  *   KV_SLOT_STORE  this step's k, v (before RoPE) went into `slot`, now the lane's last live entry (`rank`);
@@ -358,7 +379,11 @@ struct KVCache {
        that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
     uint64_t bytes_read;
     long steps_read;
-    uint64_t bytes_moved;    /* between memory tiers: 0 until a cache has a slow tier */
+    uint64_t bytes_moved;    /* into the fast tier (tier.demand_bytes + tier.prefetch_bytes); 0 with one tier */
+    KVTierStats tier;        /* the memory tiers' counters (fast=); tier.cap 0: one tier */
+    KVTierLane *tiers;       /* (n_layers * n_kv_heads) kv_tier.c's per-lane state, or NULL: one tier */
+    const float *pf_q;       /* kv_set_prefetch_queries: the predicted queries of layer pf_layer, (chunk, q_dim) */
+    int pf_layer;
     KVSlotFn on_slot; void *slot_ctx;   /* the device mirror's observer, or NULL */
     void *device;            /* the device mirror (AttnDevice, attn.h) when attention runs on a GPU; NULL: the CPU */
     KVBackend backend;       /* the CPU attention kv_attend_chunk runs (kv_set_backend); KV_BACKEND_FAST after init */
@@ -438,6 +463,37 @@ typedef void (*KVAttnHook)(void *ctx, int l, const KVCache *c, int pos);
  * Returns 0, or -1 as kv_append. */
 int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
                     KVAttnHook hook, void *hook_ctx);
+/* Memory tiers (kv_tier.c). kv_prefetch: before layer l stores and attends the token at position t, move into the
+ * fast tier what a query q (n_heads * head_dim, before RoPE: the forward pass's prediction of layer l's query) would
+ * read now: the policy's select over the live slots (asked as if the newest stored token were the query's own,
+ * pos_now = t - 1, the query rotated by t, or by the rank the new token will take under pos=cache), or every live
+ * slot for a policy that reads them all. What the predictor read (the scores' keys, select_bytes) is counted in
+ * tier.predict_bytes, not in bytes_read. A no-op without prefetch=1 or at an empty layer.
+ * kv_set_prefetch_queries: the predictions for a chunk of layer l's tokens (q: (n, q_dim), row j for position
+ * pos0 + j, valid until the next call); kv_attend_chunk calls kv_prefetch with row j before token j's step 1. NULL:
+ * none. */
+void kv_prefetch(KVCache *c, int l, int t, const float *q);
+void kv_set_prefetch_queries(KVCache *c, int l, const float *q);
+/* Test hooks: 0 when every lane's fast tier is consistent (its list, bytes and states agree) and within its share
+ * and the whole within fast=, else -1 (0 with one tier); 1 when rank `rank` of lane (l, g) is in the fast tier. */
+/* Figures of a fast tier between two snapshots of its counters (before NULL: since init), over `steps` tokens:
+ * per token (bytes), rates, and the modelled stall: a step waits for its demand bytes over the link
+ * (link_bytes_s, bytes/s), and for the part of its prefetched bytes that outlasts its compute (compute_s, seconds per
+ * token as measured), prefetches being issued a layer ahead and overlapping the compute in between. */
+typedef struct {
+    double hit_rate;            /* hits / reads (1 when nothing was read) */
+    double demand, prefetch;    /* bytes moved per token on a miss / ahead */
+    double wasted, predict;     /* prefetched bytes per token that left unread; bytes the predictor read per token */
+    double prefetch_hit_rate;   /* prefetched slots later read / prefetched slots (0 with none) */
+    double stall_s;             /* modelled seconds per token the step waits for the link */
+} KVTierFigures;
+KVTierFigures kv_tier_figures(const KVTierStats *now, const KVTierStats *before, long steps, double compute_s,
+                              double link_bytes_s);
+/* One line of those figures for a report (no newline). */
+void kv_tier_line(char *buf, size_t len, const KVCache *c, const KVTierFigures *f, double compute_s);
+int kv_tier_check(const KVCache *c);
+int kv_tier_resident(const KVCache *c, int l, int g, int rank);
+
 /* Step 4 alone: show the policy the probabilities in c->scores (per query head, rank order, as kv_attend_cpu leaves
  * them), then on_layer_done and prune. kv_attend_ref and kv_attend_cpu end with it; a device path calls it after
  * copying its probabilities into c->scores, so the policy code is the same on every device. */

@@ -47,4 +47,19 @@ static inline const float *kv_lane_value(const KVCache *c, const KVLane *ln, int
     return x;
 }
 
+/* The memory tiers' bookkeeping (kv_tier.c), called by kv.c where slots are stored, freed, recoded and read; each a
+ * no-op with one tier. kv_tier_init after the lanes are carved (0, or -1 + message: prefetch without fast=, a fast
+ * tier smaller than one slot per lane). kv_tier_read: the ranks (m, increasing; NULL every live rank) a query of the
+ * lane reads, before they are read; kv_tier_prefetch_ranks: ranks moved in ahead; kv_tier_move: a recode moved the
+ * token of slot `from` (from_bytes in its old form) to slot `to`. */
+int kv_tier_init(KVCache *c, char *err, size_t errlen);
+void kv_tier_free(KVCache *c);
+void kv_tier_reset(KVCache *c);
+void kv_tier_copy(KVCache *dst, const KVCache *src);
+void kv_tier_store(KVCache *c, int lane, int slot);
+void kv_tier_release(KVCache *c, int lane, int slot);
+void kv_tier_move(KVCache *c, int lane, int from, int to, size_t from_bytes);
+void kv_tier_read(KVCache *c, int lane, const int *ranks, int m);
+void kv_tier_prefetch_ranks(KVCache *c, int lane, const int *ranks, int m);
+
 #endif

@@ -29,7 +29,7 @@
 int state_init_chunk(RunState *s, const Config *c, int n_max) {
     size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
     size_t d = (size_t)c->dim > q ? (size_t)c->dim : q, n = (size_t)n_max;
-    size_t total = n * (3 * d + 2 * (size_t)c->hidden_dim + q + 2 * kv + q + (size_t)c->vocab_size);
+    size_t total = n * (3 * d + 2 * (size_t)c->hidden_dim + q + 2 * kv + 2 * q + (size_t)c->vocab_size);
     memset(s, 0, sizeof *s);
     s->mem = calloc(total, sizeof(float));
     if (!s->mem) return -1;
@@ -44,6 +44,7 @@ int state_init_chunk(RunState *s, const Config *c, int n_max) {
     s->k = p; p += n * kv;
     s->v = p; p += n * kv;
     s->att = p; p += n * q;
+    s->qpf = p; p += n * q;
     s->logits = p;
     return 0;
 }
@@ -114,6 +115,14 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     timer_add(&s->t_matmul, t0);
     /* steps 1-2, evict if a lane is full and store k, v; steps 3-4, attend and show the policy: token by token in
        order (on the CPU, kv_attend_chunk attends for many tokens at once while no slot can be freed) */
+    /* a fast memory tier with prefetch=1: this layer's input, normed as layer l+1 norms its own, predicts layer
+       l+1's queries (InfiniGen's observation that consecutive layers' inputs are alike; kv_prefetch); x is still
+       layer l's input here */
+    int predict = cache->tiers && cache->spec.prefetch && l + 1 < c->n_layers;
+    if (predict)
+        for (int t = 0; t < n; t++)
+            rmsnorm(s->xb2 + (size_t)t * dim, s->x + (size_t)t * dim, m->w.layers[l + 1].attn_norm, dim, c->norm_eps);
+    kv_set_prefetch_queries(cache, l, l > 0 && cache->tiers && cache->spec.prefetch ? s->qpf : NULL);
     t0 = now_s();
     if (!cache->device) {
         if (kv_attend_chunk(cache, s->att, l, s->pos0, n, s->q, s->k, s->v, s->after_attn, s->hook_ctx)) return -1;
@@ -125,8 +134,9 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
             if (s->after_attn) s->after_attn(s->hook_ctx, l, cache, pos);
         }
     timer_add(&s->t_attn, t0);
-    /* x += Wo · att */
     t0 = now_s();
+    if (predict) matmul_n(s->qpf, s->xb2, m->w.layers[l + 1].wq, q_dim, dim, n);   /* layer l+1's, read there */
+    /* x += Wo · att */
     matmul_n(s->xb2, s->att, L->wo, dim, q_dim, n);
     /* SwiGLU feed-forward: x += W2 · (silu(W1 · xb) ⊙ W3 · xb), xb = RMSNorm(x) (Shazeer 2020) */
     #pragma omp parallel for schedule(static) if (n >= 8)

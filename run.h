@@ -30,6 +30,7 @@ typedef struct {
     float *k;       /* (n_max, n_kv_heads * head_dim) */
     float *v;       /* (n_max, n_kv_heads * head_dim) */
     float *att;     /* (n_max, n_heads * head_dim) attention output */
+    float *qpf;     /* (n_max, n_heads * head_dim) the next layer's predicted queries (a fast tier's prefetch=1) */
     float *logits;  /* (n_max, vocab_size) */
     float *mem;
     int n_max, n, pos0;

@@ -148,6 +148,8 @@ typedef struct {
     Nll span;               /* tokens in the span every policy covered (position < ctx) */
     double kl, top1, dp, dnll;   /* Σ over the span, against the shadow */
     double *recall;         /* (n_layers) Σ over steps and kv heads of attention-mass recall */
+    double *recall_topk;    /* (n_layers) the same for the exact top-B positions of the shadow's attention, B the
+                               policy's budget: the recall no choice of B positions can beat */
     long recall_n;          /* steps counted per layer (× n_kv_heads in the sum) */
     double cur_nll;         /* this token's NLL, for -tokenlog (NaN when the run scored nothing) */
     EvalToken cur;          /* this token's figures against the shadow, for -tokenlog (inside the span) */
@@ -166,9 +168,23 @@ typedef struct {
     int ctx;
     int pos0;               /* position of the chunk's first token */
     int *spans;             /* (2 * the largest budget) scratch of kv_lane_read */
+    double *group_prob;     /* (ctx) scratch: one GQA group's mean probabilities, for the top-B recall */
 } EvalCtx;
 
 typedef struct { EvalCtx *e; PolicyRun *r; } HookCtx;
+
+/* A per-lane-and-step counter of the cache per query (one query of a lane per token: GQA's heads share it). */
+static double per_query(const KVCache *c, uint64_t count) {
+    double q = (double)c->steps_read * c->shape.n_layers * c->shape.n_kv_heads;
+    return q > 0 ? (double)count / q : 0;
+}
+
+/* A policy's top-B recall, the mean over layers (PolicyRun.recall_topk). */
+static double recall_topk_mean(const PolicyRun *r, int L) {
+    double x = 0;
+    for (int l = 0; l < L; l++) x += r->recall_n ? r->recall_topk[l] / r->recall_n : 0;
+    return x / L;
+}
 
 /* A fast tier's figures over `steps` tokens that took `seconds` of compute: one line to f, or JSON fields (each
  * followed by a comma) to a record; kv_tier_figures has the stall model. */
@@ -206,8 +222,46 @@ static void shadow_hook(void *ctx, int l, const KVCache *c, int pos) {
         memcpy(dst + (size_t)h * e->ctx, c->scores + (size_t)h * c->budget, (size_t)n * sizeof(float));
 }
 
+/* The sum of the k largest of x[0..n) (k <= n), x reordered: Hoare's selection (quickselect) puts them first. */
+static double top_sum(double *x, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        double pivot = x[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {   /* descending: the large ones to the left */
+            while (x[i] > pivot) i++;
+            while (x[j] < pivot) j--;
+            if (i <= j) { double t = x[i]; x[i] = x[j]; x[j] = t; i++; j--; }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+    double sum = 0;
+    for (int i = 0; i < k; i++) sum += x[i];
+    return sum;
+}
+
+/* The top-B recall of layer l at pos: per GQA group, the mass of the shadow's mean probability on its B most
+ * attended positions (B = the policy's budget; every position while pos < B), the mean over the groups. */
+static double recall_topk(EvalCtx *e, const KVCache *c, const float *sp, int pos) {
+    int H = c->shape.n_heads, G = c->shape.n_kv_heads, group = H / G, n = pos + 1, B = c->policy.budget;
+    double sum = 0;
+    for (int g = 0; g < G; g++) {
+        double *x = e->group_prob;
+        for (int p = 0; p < n; p++) x[p] = 0;
+        for (int hh = 0; hh < group; hh++) {
+            const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
+            for (int p = 0; p < n; p++) x[p] += ph[p];
+        }
+        sum += top_sum(x, n, B < n ? B : n) / group;
+    }
+    return sum / G;
+}
+
 /* After a policy's layer l attended at pos < ctx: attention-mass recall = the share of the shadow's probability, from
- * the query heads of each group (mean over them), that falls on the positions the lane holds now. */
+ * the query heads of each group (mean over them), that falls on the positions the lane holds now; and the top-B
+ * recall beside it. */
 static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     HookCtx *hc = ctx;
     EvalCtx *e = hc->e;
@@ -228,6 +282,7 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
         }
         hc->r->recall[l] += sum / G;
         hc->r->cur_recall[pos - e->pos0] += sum / G;
+        hc->r->recall_topk[l] += c->policy.budget <= pos ? recall_topk(e, c, sp, pos) : 1;
         if (l == 0) hc->r->recall_n++;
         return;
     }
@@ -257,6 +312,8 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     }
     hc->r->recall[l] += sum / G;
     hc->r->cur_recall[pos - e->pos0] += sum / G;
+    if (c->policy.budget <= pos) hc->r->recall_topk[l] += recall_topk(e, c, sp, pos);
+    else hc->r->recall_topk[l] += 1;   /* every position fits in B: all the mass (full; a cache still filling) */
     if (l == 0) hc->r->recall_n++;
 }
 
@@ -377,8 +434,9 @@ static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, cons
     if (state_init_chunk(&r->s, &m->config, chunk)) fatal("out of memory");
     if (!strcmp(o->device, "ref")) kv_set_backend(&r->cache, KV_BACKEND_REF);   /* -d ref: the whole job by definition */
     r->recall = calloc((size_t)m->config.n_layers, sizeof(double));
+    r->recall_topk = calloc((size_t)m->config.n_layers, sizeof(double));
     r->cur_recall = calloc((size_t)chunk, sizeof(double));
-    if (!r->recall || !r->cur_recall) fatal("out of memory");
+    if (!r->recall || !r->recall_topk || !r->cur_recall) fatal("out of memory");
     r->is_shadow = shadow;
 }
 
@@ -388,6 +446,7 @@ static void policy_run_free(PolicyRun *r) {
     kv_cache_free(&r->cache);
     state_free(&r->s);
     free(r->recall);
+    free(r->recall_topk);
     free(r->cur_recall);
 }
 
@@ -649,7 +708,8 @@ int run_ppl(Model *m, const Options *o) {
         for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;
         e.shadow_prob = calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float));
         e.spans = calloc((size_t)2 * most, sizeof(int));
-        if (!e.shadow_prob || !e.spans) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
+        e.group_prob = calloc((size_t)ctx, sizeof(double));
+        if (!e.shadow_prob || !e.spans || !e.group_prob) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
     }
     OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->tokenlog) outfile_open(&tokenlog, "-tokenlog", o->tokenlog, 0);
@@ -705,13 +765,16 @@ int run_ppl(Model *m, const Options *o) {
                     r->span.n, r->span.nll / n, exp(r->span.nll / n), r->all.n, r->all.n ? r->all.nll / r->all.n : 0,
                     r->all.n ? exp(r->all.nll / r->all.n) : 0);
         if (!r->is_shadow && !chunked) {
-            line_printf(&ln, "\"kl\":%.9g,\"top1\":%.9g,\"dp\":%.9g,\"dnll\":%.9g,\"recall\":%.9g,\"recall_per_layer\":[",
-                        r->kl / n, r->top1 / n, r->dp / n, r->dnll / n, rec);
+            line_printf(&ln, "\"kl\":%.9g,\"top1\":%.9g,\"dp\":%.9g,\"dnll\":%.9g,\"recall\":%.9g,\"recall_topk\":%.9g,"
+                        "\"recall_per_layer\":[", r->kl / n, r->top1 / n, r->dp / n, r->dnll / n, rec,
+                        recall_topk_mean(r, L));
             for (int l = 0; l < L; l++)
                 line_printf(&ln, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
             line_printf(&ln, "],");
         }
         if (r->cache.tiers) tier_json(&ln, &r->cache, r->cache.steps_read, r->seconds, o->link_gbs);
+        line_printf(&ln, "\"keys_scanned_per_query\":%.4f,\"slots_read_per_query\":%.4f,",
+                    per_query(&r->cache, r->cache.keys_scanned), per_query(&r->cache, r->cache.slots_read));
         line_printf(&ln, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,"
                     "\"kv_read_bytes_per_token\":%.1f,\"kv_moved_bytes_per_token\":%.1f,\"seconds\":%.3f,"
                     "\"wall_seconds\":%.3f,", r->peak.total_alloc, r->peak.peak_live, r->peak.formula_alloc, read,
@@ -719,6 +782,22 @@ int run_ppl(Model *m, const Options *o) {
                     chunked ? secs / n_runs : r->seconds, secs);
         json_provenance_end(&ln, &pv);
         outfile_line(&out, &ln);
+    }
+    int any_select = 0;
+    for (int k = 0; k < n_runs; k++) any_select |= runs[k].cache.policy.ops->select != NULL;
+    if (any_select && !chunked) {
+        fprintf(stderr, "\nreads per query (per lane and token; recall beside the recall of the exact top-B positions "
+                "of the shadow's attention, B the budget):\n");
+        for (int k = 1; k < n_runs; k++) {
+            PolicyRun *r = &runs[k];
+            int L = m->config.n_layers;
+            double rec = 0;
+            for (int l = 0; l < L; l++) rec += r->recall_n ? r->recall[l] / r->recall_n : 0;
+            fprintf(stderr, "  %-34s keys scanned %9.1f, slots read %9.1f, recall %.4f of top-%d's %.4f\n",
+                    r->cache.spec.text, per_query(&r->cache, r->cache.keys_scanned),
+                    per_query(&r->cache, r->cache.slots_read), rec / L, r->cache.policy.budget,
+                    recall_topk_mean(r, L));
+        }
     }
     for (int k = 0; k < n_runs; k++)
         if (runs[k].cache.tiers) {
@@ -744,6 +823,7 @@ int run_ppl(Model *m, const Options *o) {
     free(runs);
     free(e.shadow_prob);
     free(e.spans);
+    free(e.group_prob);
     for (int d = 0; d < o->n_files; d++) free(docs[d].ids);
     return run_signal ? 128 + run_signal : 0;
 }

@@ -691,6 +691,8 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
     dst->bytes_read = src->bytes_read;
     dst->steps_read = src->steps_read;
     dst->bytes_moved = src->bytes_moved;
+    dst->keys_scanned = src->keys_scanned;
+    dst->slots_read = src->slots_read;
     kv_tier_copy(dst, src);
     return 0;
 }
@@ -993,6 +995,9 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
             c->bytes_read += c->band_vb[b] + (ops->select_scores ? 0 : c->band_kb[b]);
         }
         if (ops->select_bytes) c->bytes_read += ops->select_bytes(&c->policy, lane, ln, t);
+        c->keys_scanned += (uint64_t)(ops->select_scores ? n : m);
+        if (ops->select_scanned) c->keys_scanned += ops->select_scanned(&c->policy, lane, ln, t);
+        c->slots_read += (uint64_t)m;
         for (int hh = 0; hh < group; hh++) {
             int h = g * group + hh;
             float *p = c->scores + (size_t)h * B, *o = out + (size_t)h * hd, mx = -INFINITY, sum = 0;
@@ -1050,6 +1055,8 @@ void kv_attend_policy(KVCache *c, int l, int t) {
     if (!ops->select) {
         for (int g = 0; g < n_kv; g++) {
             c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+            c->keys_scanned += (uint64_t)c->lanes[l * n_kv + g].n_live;
+            c->slots_read += (uint64_t)c->lanes[l * n_kv + g].n_live;
             kv_tier_read(c, l * n_kv + g, NULL, c->lanes[l * n_kv + g].n_live);
         }
         if (l == 0) c->steps_read++;

@@ -233,6 +233,9 @@ typedef struct {
     /* Step 3, after select: the bytes the policy read to make that choice (its own index, e.g. quest's page bounds),
      * beyond the chosen ranks' keys and values, which kv.c counts itself; added to bytes_read. NULL: 0. */
     uint64_t (*select_bytes)(const KVPolicy *p, int lane, const KVLane *ln, int pos_now);
+    /* Step 3, after select: how many entries of its own index the policy scored to choose (quest: a page's bound,
+     * a cluster's centroid), each counted as one key scanned (keys_scanned). NULL: 0. */
+    uint64_t (*select_scanned)(const KVPolicy *p, int lane, const KVLane *ln, int pos_now);
     /* Step 4, observe: prob (n_live) aggregated over the GQA group as agg= says, and mean (n_live) the group mean
      * (the same pointer when agg=mean), both in rank order (0 for a rank the query did not read); pos_now is the
      * query's position. */
@@ -379,6 +382,10 @@ struct KVCache {
        that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
     uint64_t bytes_read;
     long steps_read;
+    /* per lane and step, summed: keys scanned (scores computed to attend or to choose: every live key, or a
+       selection policy's full score pass, or the chosen keys plus the index entries it scored, select_scanned) and
+       slots read (the set attended); per query = the sum over steps_read x lanes */
+    uint64_t keys_scanned, slots_read;
     uint64_t bytes_moved;    /* into the fast tier (tier.demand_bytes + tier.prefetch_bytes); 0 with one tier */
     KVTierStats tier;        /* the memory tiers' counters (fast=); tier.cap 0: one tier */
     KVTierLane *tiers;       /* (n_layers * n_kv_heads) kv_tier.c's per-lane state, or NULL: one tier */

@@ -828,6 +828,12 @@ static uint64_t quest_select_bytes(const KVPolicy *p, int lane, const KVLane *ln
     return (uint64_t)(n_pages - 1) * 2 * (uint64_t)st->head_dim * sizeof(float);
 }
 
+static uint64_t quest_select_scanned(const KVPolicy *p, int lane, const KVLane *ln, int t) {
+    const QuestState *st = p->state;
+    int n_pages = (ln->n_live + st->page - 1) / st->page;
+    return n_pages <= p->budget / st->page ? 0 : (uint64_t)(n_pages - 1);   /* one bound scored per page */
+}
+
 static void quest_describe(const KVPolicy *p, char *buf, size_t len) {
     const QuestState *st = p->state;
     snprintf(buf, len, "page=%d pages=%d", st->page, p->budget / st->page);
@@ -841,7 +847,7 @@ static const KVPolicyOps policy_quest = {
                "score, B/P pages (Quest)",
     .options = "page=P (default 16; B/P whole pages are read, at least 2)", .reason = "none", .needs_budget = 1,
     .evicts = 0, .grows = 1, .select_keys = 1, .init = quest_init, .select = quest_select,
-    .select_bytes = quest_select_bytes, .describe = quest_describe,
+    .select_bytes = quest_select_bytes, .select_scanned = quest_select_scanned, .describe = quest_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -186,28 +186,24 @@ static double recall_topk_mean(const PolicyRun *r, int L) {
     return x / L;
 }
 
-/* A fast tier's figures over `steps` tokens that took `seconds` of compute: one line to f, or JSON fields (each
- * followed by a comma) to a record; kv_tier_figures has the stall model. */
-static KVTierFigures tier_figures(const KVCache *c, long steps, double seconds, double link_gbs, double *compute_s) {
-    *compute_s = steps > 0 ? seconds / steps : 0;
-    return kv_tier_figures(&c->tier, NULL, steps, *compute_s, link_gbs * 1e9);
+/* A fast tier's figures (kv_tier_figures: over `steps` tokens since `before`, NULL: since init; compute_s, seconds of
+ * compute per token): one line to f, or JSON fields (each followed by a comma) to a record. */
+static KVTierFigures tier_figures(const KVCache *c, const KVTierStats *before, long steps, double compute_s,
+                                  double link_gbs) {
+    return kv_tier_figures(&c->tier, before, steps, compute_s, link_gbs * 1e9);
 }
-static void tier_print(FILE *f, const KVCache *c, long steps, double seconds, double link_gbs) {
-    double compute_s;
-    KVTierFigures x = tier_figures(c, steps, seconds, link_gbs, &compute_s);
+static void tier_print(FILE *f, const KVCache *c, const KVTierFigures *x, double compute_s) {
     char buf[512];
-    kv_tier_line(buf, sizeof buf, c, &x, compute_s);
+    kv_tier_line(buf, sizeof buf, c, x, compute_s);
     fprintf(f, "  %s: %s\n", c->spec.text, buf);
 }
-static void tier_json(Line *ln, const KVCache *c, long steps, double seconds, double link_gbs) {
-    double compute_s;
-    KVTierFigures x = tier_figures(c, steps, seconds, link_gbs, &compute_s);
+static void tier_json(Line *ln, const KVCache *c, const KVTierFigures *x, double compute_s, double link_gbs) {
     line_printf(ln, "\"kv_fast_bytes\":%zu,\"kv_fast_peak_bytes\":%zu,\"tier_hit_rate\":%.9g,"
                 "\"kv_demand_bytes_per_token\":%.1f,\"kv_prefetch_bytes_per_token\":%.1f,\"prefetch_hit_rate\":%.9g,"
                 "\"kv_wasted_bytes_per_token\":%.1f,\"kv_predict_bytes_per_token\":%.1f,\"link_gbs\":%g,"
                 "\"stall_ms_per_token\":%.6g,\"compute_ms_per_token\":%.6g,", c->tier.cap, c->tier.fast_peak,
-                x.hit_rate, x.demand, x.prefetch, x.prefetch_hit_rate, x.wasted, x.predict, link_gbs, x.stall_s * 1e3,
-                compute_s * 1e3);
+                x->hit_rate, x->demand, x->prefetch, x->prefetch_hit_rate, x->wasted, x->predict, link_gbs,
+                x->stall_s * 1e3, compute_s * 1e3);
 }
 
 /* After the shadow's layer l attended at pos: keep its per-head probabilities for this token of the chunk (live
@@ -772,7 +768,11 @@ int run_ppl(Model *m, const Options *o) {
                 line_printf(&ln, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
             line_printf(&ln, "],");
         }
-        if (r->cache.tiers) tier_json(&ln, &r->cache, r->cache.steps_read, r->seconds, o->link_gbs);
+        if (r->cache.tiers) {
+            double cs = r->cache.steps_read ? r->seconds / r->cache.steps_read : 0;
+            KVTierFigures x = tier_figures(&r->cache, NULL, r->cache.steps_read, cs, o->link_gbs);
+            tier_json(&ln, &r->cache, &x, cs, o->link_gbs);
+        }
         line_printf(&ln, "\"keys_scanned_per_query\":%.4f,\"slots_read_per_query\":%.4f,",
                     per_query(&r->cache, r->cache.keys_scanned), per_query(&r->cache, r->cache.slots_read));
         line_printf(&ln, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,"
@@ -803,7 +803,10 @@ int run_ppl(Model *m, const Options *o) {
         if (runs[k].cache.tiers) {
             if (k == 1 || !runs[k - 1].cache.tiers)
                 fprintf(stderr, "\nmemory tiers (modelled; the slow tier's link at %g GB/s, -link):\n", o->link_gbs);
-            tier_print(stderr, &runs[k].cache, runs[k].cache.steps_read, runs[k].seconds, o->link_gbs);
+            const KVCache *c = &runs[k].cache;
+            double cs = c->steps_read ? runs[k].seconds / c->steps_read : 0;
+            KVTierFigures x = tier_figures(c, NULL, c->steps_read, cs, o->link_gbs);
+            tier_print(stderr, c, &x, cs);
         }
     fprintf(stderr, "ppl: %.1f s, %.1f tok/s per policy run, peak RSS %.1f MiB\n", secs,
             secs > 0 ? (double)done * n_runs / secs : 0, peak_rss_kib() / 1024.0);
@@ -909,8 +912,9 @@ int run_bench(Model *m, const Options *o) {
             int next = sample_argmax(r.s.logits, m->config.vocab_size);
             double ttft = now_s() - t0;
             r.s.t_matmul = r.s.t_attn = 0;
-            uint64_t read0 = r.cache.bytes_read;
+            uint64_t read0 = r.cache.bytes_read, moved0 = r.cache.bytes_moved;
             long steps0 = r.cache.steps_read;
+            KVTierStats tier0 = r.cache.tier;
             double td0 = now_s();
             int done = 0;
             for (int st = 0; st < steps && !run_signal; st++) {
@@ -930,16 +934,22 @@ int run_bench(Model *m, const Options *o) {
                     r.cache.spec.text, L, ttft * 1e3, L / ttft, p50, p95, 100 * fm, 100 * fa, 100 * (1 - fm - fa),
                     b.total_alloc / 1048576.0, b.total_live / 1048576.0, read / 1048576.0,
                     done < steps ? " (partial)" : "");
+            double moved = rd_steps ? (double)(r.cache.bytes_moved - moved0) / rd_steps : 0;
+            double cs = done ? tdec / done : 0;
+            KVTierFigures tx = tier_figures(&r.cache, &tier0, rd_steps, cs, o->link_gbs);
+            if (r.cache.tiers) tier_print(stderr, &r.cache, &tx, cs);
             if (out.fd < 0) continue;
             line_printf(&ln, "{\"mode\":\"bench\",\"kv\":\"");
             line_json_str(&ln, r.cache.spec.text);
             line_printf(&ln, "\",\"budget\":%d,\"context\":%d,\"partial\":%s,\"ttft_ms\":%.3f,\"prefill_tok_s\":%.3f,"
                         "\"decode_steps\":%d,\"decode_ms_p50\":%.4f,\"decode_ms_p95\":%.4f,\"decode_tok_s\":%.3f,"
                         "\"matmul_frac\":%.4f,\"attn_frac\":%.4f,\"kv_alloc_bytes\":%zu,\"kv_live_bytes\":%zu,"
-                        "\"kv_peak_live_bytes\":%zu,\"kv_read_bytes_per_step\":%.1f,\"kv_moved_bytes_per_step\":0,"
+                        "\"kv_peak_live_bytes\":%zu,\"kv_read_bytes_per_step\":%.1f,\"kv_moved_bytes_per_step\":%.1f,"
                         "\"peak_rss_kib\":%ld,", r.cache.policy.budget, L,
                         done < steps ? "true" : "false", ttft * 1e3, L / ttft, done, p50, p95,
-                        tdec > 0 ? done / tdec : 0, fm, fa, b.total_alloc, b.total_live, b.peak_live, read, peak_rss_kib());
+                        tdec > 0 ? done / tdec : 0, fm, fa, b.total_alloc, b.total_live, b.peak_live, read, moved,
+                        peak_rss_kib());
+            if (r.cache.tiers) tier_json(&ln, &r.cache, &tx, cs, o->link_gbs);
             json_provenance_end(&ln, &pv);
             outfile_line(&out, &ln);
         }

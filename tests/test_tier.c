@@ -303,8 +303,25 @@ static void test_errors(void) {
     }
 }
 
+/* nothing is dropped by selection: quest's, topk's and blocks' caches hold full's vectors (their metadata aside) */
+static void test_selection_memory(void) {
+    KVShape s = tshape(NL, NH, NKV, HD, MAXT);
+    static const char *specs[] = {"quest:16,page=4", "topk:16", "blocks:16,local=8,global=4"};
+    KVCache f, c;
+    if (tcache(&f, &s, "full")) return;
+    for (int i = 0; i < 3; i++) {
+        if (tcache(&c, &s, specs[i])) continue;
+        CHECK(kv_bytes(&c).vec_alloc == kv_bytes(&f).vec_alloc && c.tier.cap == 0,
+              "'%s' allocates full's %zu vector bytes at -c %d (selection drops nothing) and has one tier", specs[i],
+              kv_bytes(&f).vec_alloc, MAXT);
+        kv_cache_free(&c);
+    }
+    kv_cache_free(&f);
+}
+
 int main(void) {
     test_by_hand();
+    test_selection_memory();
     test_reference();
     test_clone();
     test_errors();

@@ -698,7 +698,7 @@ int run_ppl(Model *m, const Options *o) {
                 chunk = 1;
                 break;
             }
-    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx, 0, NULL};
+    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx, 0, NULL, NULL};
     if (!chunked) {
         int most = 0;
         for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;

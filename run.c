@@ -504,6 +504,14 @@ static void print_summary(Session *se, const Options *o) {
             se->cache.policy.budget, b.total_alloc / 1048576.0, b.formula_alloc / 1048576.0, b.total_live / 1048576.0,
             b.peak_live / 1048576.0, se->dec_steps ? (double)se->dec_bytes_read / se->dec_steps / 1048576.0 : 0,
             se->cache.bytes_moved / 1048576.0, peak_rss_kib() / 1024.0, dev);
+    if (se->cache.tiers) {   /* over every token the cache saw, prompt and generated */
+        long steps = se->cache.steps_read;
+        double cs = steps ? (se->t_prompt + se->t_decode) / steps : 0;
+        KVTierFigures x = kv_tier_figures(&se->cache.tier, NULL, steps, cs, o->link_gbs * 1e9);
+        char buf[512];
+        kv_tier_line(buf, sizeof buf, &se->cache, &x, cs);
+        fprintf(stderr, "memory tiers (modelled, every token; the slow tier's link at %g GB/s): %s\n", o->link_gbs, buf);
+    }
 }
 
 

@@ -69,6 +69,29 @@ if [ $rc -eq 0 ] && grep -q "32 slots per lane" "$tmp/err" && [ "$(wc -w <"$tmp/
     pass "topk:100 with -c 32: 32 slots per lane, generation stops at the context ($(wc -w <"$tmp/out") tokens)"
 else fail "topk:100 with -c 32: exit $rc, $(wc -w <"$tmp/out") tokens, $(grep -o '[0-9]* slots per lane' "$tmp/err")"; fi
 
+# memory tiers: bad values refused; a tier changes what is counted, never what is computed
+expect_error "full,fast=1B" "fast=1B" "less than one slot"
+expect_error "full,prefetch=1" "prefetch=1" "needs a fast tier"
+expect_error "full,fast=abc" "bad fast=abc" "25%"
+"$RUN" "$M" -t 0 -n 4 -i "$PROMPT" -link 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "bad -link '0'" "$tmp/err"; then pass "./run -link 0 -> $(head -1 "$tmp/err")"
+else fail "./run -link 0: exit $rc, $(head -c 200 "$tmp/err")"; fi
+for pair in "h2o:40|h2o:40,fast=25%,prefetch=1" "quest:32,page=4|quest:32,page=4,fast=10%,prefetch=1" \
+            "window:20|window:20,fast=2KiB"; do
+    a=${pair%%|*}; b=${pair#*|}
+    ga=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$a" 2>/dev/null); gb=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$b" 2>/dev/null)
+    if [ -n "$ga" ] && [ "$ga" = "$gb" ]; then pass "./run -kv '$b' generates the ids of '$a' (a tier only counts)"
+    else fail "./run -kv '$b': ids differ from '$a'"; fi
+done
+seq 1 96 | tr '\n' ' ' >"$tmp/ids96.txt"
+"$RUN" "$M" -m ppl -c 96 -chunk 8 -f "$tmp/ids96.txt" -kv "quest:32,page=4,fast=10%,prefetch=1" -kv "full,fast=50%" \
+    -link 16 -o "$tmp/tier.jsonl" >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -eq 0 ] && grep -q "memory tiers (modelled; the slow tier's link at 16 GB/s" "$tmp/err" &&
+   [ "$(grep -c '"tier_hit_rate"' "$tmp/tier.jsonl")" -eq 2 ] && grep -q '"link_gbs":16' "$tmp/tier.jsonl" &&
+   grep -q "keys scanned" "$tmp/err"; then
+    pass "ppl with two tiered caches: the tiers' section on stderr, tier_hit_rate and link_gbs in both -o records, reads per query"
+else fail "ppl with tiered caches: exit $rc, $(tail -c 300 "$tmp/err")"; fi
+
 # with room for all 71 positions every policy gives full's greedy ids
 ref=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv full 2>/dev/null)
 for spec in "window:128" "sink:100" "h2o:80" "tova:72" "scissorhands:90" "lru:72" "random:72" "window:72,pos=cache" \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The KV policies through ./run on a tiny random model (ids-only, no download): every bad spec of issue 4 is one
 # error line naming the bad part and the valid choices; every policy generates past twice its budget; -kvlog writes
-# one JSON line per eviction; a policy with room for every token generates the same ids as full.
+# one JSON line per eviction; a policy with room for every token generates the same ids as full; duo's errors
+# (-calib missing, unreadable or empty, full= outside [0, 1]) and its two ends (no full lane: sink's ids; all: full's).
 set -u
 cd "$(dirname "$0")/.."
 tmp=tests/tmp/kv_cli; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -81,6 +82,11 @@ expect_run_error "a missing -calib file" "cannot open" "$tmp/nosuch.txt" -- "${G
     -calib "$tmp/nosuch.txt"
 expect_run_error "an empty -calib file" "$tmp/empty.txt" "0 tokens" "at least 2" -- "${G[@]}" -kv duo:16,full=0.5 \
     -calib "$tmp/empty.txt"
+cp "$tmp/calib.txt" "$tmp/calib_copy.txt"
+expect_run_error "-kvlog onto the -calib file" "is the input" "calib_copy.txt" -- "${G[@]}" -kv duo:16,full=0.5 \
+    -calib "$tmp/calib_copy.txt" -kvlog "$tmp/calib_copy.txt"
+if cmp -s "$tmp/calib.txt" "$tmp/calib_copy.txt"; then pass "the -calib file was left as it was"
+else fail "-kvlog onto the -calib file changed it"; fi
 expect_run_error "-calib with no policy reading it" "-calib" "no -kv here does" "duo" -- "${G[@]}" -kv sink:16 \
     -calib "$tmp/calib.txt"
 

@@ -44,6 +44,8 @@ static const FlagDef FLAGS[] = {
     {"-y", "TEXT", M_CHAT, "system prompt"},
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},
+    {"-calib", "FILE", M_CACHE, "calibration text (ids on an ids-only model) for a policy that chooses its lanes on "
+                                "one (duo: recall of sink:B against the shadow over its first -c tokens); required by it"},
     {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY, "cache events (evictions, merges, recodes) of every policy, JSON lines"},
     {"-d", "DEV", M_CACHE, "ref (attention by its definition, plain loops: slow, for checking), cpu, or cuda (generate "
                            "and chat); default cuda when usable, else cpu"},
@@ -124,6 +126,7 @@ void usage_policies(FILE *f) {
         fprintf(f, "\n  %s%s  (%s)\n    %s\n    keys: %s\n    example: %s\n    source: %s\n", p->name,
                 p->needs_budget ? ":BUDGET" : "", p->family, p->summary, *p->options ? p->options : "none of its own",
                 p->example, p->paper);
+        if (p->calib_full) fprintf(f, "    needs: -calib FILE (its lanes are chosen on that text before the job)\n");
     }
     fprintf(f, "\nkeys every policy takes:\n"
                "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4\n"
@@ -189,6 +192,7 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
         if (ty < 0) return errorf(err, errlen, "unknown -kvt '%s'; types: f32, f16, bf16, q8, q4", v);
         o->kvt = (KVType)ty;
     } else if (!strcmp(a, "-kvlog")) { o->kvlog = v;
+    } else if (!strcmp(a, "-calib")) { o->calib = v;
     } else if (!strcmp(a, "-d")) {
         if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "ref"))
             return errorf(err, errlen, "unknown device '-d %s'; devices: ref, cpu, cuda", v);
@@ -367,9 +371,10 @@ static void outputs_check(const Options *o) {
     struct stat so[3], si;
     int have[3];
     for (int i = 0; i < 3; i++) have[i] = out[i] && stat(out[i], &so[i]) == 0;
-    const char *in[MAX_FILES + 1];
+    const char *in[MAX_FILES + 2];
     int n_in = 0;
     in[n_in++] = o->model_path;
+    if (o->calib) in[n_in++] = o->calib;
     for (int k = 0; k < o->n_files; k++) in[n_in++] = o->files[k];
     for (int i = 0; i < 3; i++) {
         if (!out[i]) continue;
@@ -406,11 +411,32 @@ int cli_main(int argc, char **argv) {
     if (m.vocab_only) fatal("'%s' holds only a tokenizer (--vocab-only): it can tokenize and detokenize, not run",
                           o.model_path);
     outputs_check(&o);
-    /* every -kv spec is checked before anything runs or any note is printed */
+    /* every -kv spec is checked before anything runs or any note is printed; -calib must have a spec that reads it */
+    int calib_readers = 0;
     for (int k = 0; k < o.n_kv; k++) {
         KVSpec spec;
         if (kv_spec_parse(&spec, o.kv[k], o.kvt, err, sizeof err) || kv_spec_check_mode(&spec, o.mode, err, sizeof err))
             fatal("-kv: %s", err);
+        if (!kv_policy_find(spec.name)->calib_full) continue;
+        calib_readers++;
+        if (!o.calib)
+            fatal("-kv %s chooses its full lanes on a calibration text: give it with -calib FILE (the lanes where "
+                  "%s's streaming form keeps the least of the shadow's attention over the text's first -c tokens "
+                  "keep every token)", o.kv[k], spec.name);
+    }
+    if (o.calib) {   /* said now, before any work; read_file reads it whole when the calibration runs */
+        FILE *f = fopen(o.calib, "rb");
+        if (!f) fatal("-calib '%s': cannot open it: %s", o.calib, strerror(errno));
+        fclose(f);
+    }
+    if (o.calib && !calib_readers) {
+        char names[128] = "";
+        for (int i = 0; kv_policy_at(i); i++)
+            if (kv_policy_at(i)->calib_full)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", *names ? ", " : "",
+                         kv_policy_at(i)->name);
+        fatal("-calib %s is read only by a policy that chooses its lanes on a calibration text (%s): no -kv here does",
+              o.calib, names);
     }
     /* the device: -d cpu, -d cuda, or (default) cuda when this build has it and a GPU is usable */
     char dev_name[256], why[256];
@@ -422,6 +448,16 @@ int cli_main(int argc, char **argv) {
         run_note("-m %s runs attention on the CPU (the CUDA path serves generate and chat)", o.mode);
     if (o.ctx > m.config.seq_len) run_note("-c %d is past the trained context of %d tokens", o.ctx, m.config.seq_len);
     run_catch_signals();
+    /* allocation by calibration: each such spec's lanes are chosen on -calib before the job (eval_calib) */
+    for (int k = 0; k < o.n_kv; k++) {
+        o.kv_caps[k] = eval_calib(&m, &o, k);
+        if (run_signal) {
+            fprintf(stderr, "run: stopped by %s during the calibration of '%s': nothing else was run\n",
+                    run_signal_name(run_signal), o.kv[k]);
+            model_close(&m);
+            return 128 + run_signal;
+        }
+    }
     int rc = 0;
     if (!strcmp(o.mode, "ppl")) rc = run_ppl(&m, &o);
     else if (!strcmp(o.mode, "bench")) rc = run_bench(&m, &o);
@@ -429,6 +465,7 @@ int cli_main(int argc, char **argv) {
     else {
         rc = run_generate_chat(&m, &o, cuda);
     }
+    for (int k = 0; k < o.n_kv; k++) free((void *)o.kv_caps[k]);
     model_close(&m);
     int out_rc = finish_output();
     return rc ? rc : out_rc;

@@ -12,10 +12,14 @@
 #define MAX_POLICIES 32
 typedef struct {
     const char *model_path, *mode, *prompt, *system, *kvlog, *device, *out, *ppl_mode, *tokenlog;
+    const char *calib;   /* -calib FILE: the text allocation by calibration (duo) chooses its lanes on */
     const char *files[MAX_FILES];
     int n_files;
     const char *kv[MAX_POLICIES];
     int n_kv;
+    /* (n_layers * n_kv_heads) slots of each lane for kv[k], when the driver chose them before the job (cli_main:
+       duo's full lanes on -calib, eval_calib), or NULL: the budget for every lane. Not set by options_parse. */
+    const int *kv_caps[MAX_POLICIES];
     int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, seed_set;
     const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;

@@ -150,6 +150,7 @@ typedef struct {
     double *recall;         /* (n_layers) Σ over steps and kv heads of attention-mass recall */
     double *recall_topk;    /* (n_layers) the same for the exact top-B positions of the shadow's attention, B the
                                policy's budget: the recall no choice of B positions can beat */
+    double *recall_lane;    /* (n_layers * n_kv_heads) Σ over steps of each lane's recall (recall_per_lane, -calib) */
     long recall_n;          /* steps counted per layer (× n_kv_heads in the sum) */
     double cur_nll;         /* this token's NLL, for -tokenlog (NaN when the run scored nothing) */
     EvalToken cur;          /* this token's figures against the shadow, for -tokenlog (inside the span) */
@@ -172,6 +173,22 @@ typedef struct {
 } EvalCtx;
 
 typedef struct { EvalCtx *e; PolicyRun *r; } HookCtx;
+
+/* The stream evaluation's context for runs[0] the shadow and the policies runs[1..n_runs), chunks of `chunk` tokens,
+ * -c ctx: its scratch allocated (or the run ends with an error naming it); eval_ctx_free frees it. */
+static void eval_ctx_init(EvalCtx *e, const Model *m, PolicyRun *runs, int n_runs, int ctx, int chunk) {
+    int most = 0;
+    for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;
+    *e = (EvalCtx){m, &runs[0], calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float)), ctx, 0,
+                   calloc((size_t)2 * most, sizeof(int)), calloc((size_t)ctx, sizeof(double))};
+    if (!e->shadow_prob || !e->spans || !e->group_prob)
+        fatal("out of memory for the shadow's attention (%d tokens)", ctx);
+}
+static void eval_ctx_free(EvalCtx *e) {
+    free(e->shadow_prob);
+    free(e->spans);
+    free(e->group_prob);
+}
 
 /* A per-lane-and-step counter of the cache per query (one query of a lane per token: GQA's heads share it). */
 static double per_query(const KVCache *c, uint64_t count) {
@@ -274,6 +291,7 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
                 for (int j = 0; j < n; j++)
                     for (int p = e->spans[2 * j]; p <= e->spans[2 * j + 1]; p++) r += ph[p];
             }
+            hc->r->recall_lane[l * G + g] += r / group;
             sum += r / group;
         }
         hc->r->recall[l] += sum / G;
@@ -304,6 +322,7 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
             }
             r += (a[0] + a[1]) + (a[2] + a[3]);
         }
+        hc->r->recall_lane[l * G + g] += r / group;
         sum += r / group;
     }
     hc->r->recall[l] += sum / G;
@@ -415,8 +434,9 @@ EvalToken eval_token(const float *ref, double lse_ref, const float *x, double ls
     return t;
 }
 
+/* caps: (n_layers * n_kv_heads) slots of each lane (kv_cache_init_lanes: o->kv_caps, duo's lanes), or NULL. */
 static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, const char *spec_text, int ctx, int shadow,
-                            int chunk) {
+                            int chunk, const int *caps) {
     KVType kvt = o->kvt;
     const char *mode = o->mode;
     memset(r, 0, sizeof *r);
@@ -426,13 +446,14 @@ static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, cons
         kv_spec_check_mode(&spec, mode, err, sizeof err))
         fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
-    if (kv_cache_init(&r->cache, &shape, &spec, err, sizeof err)) fatal("%s", err);
+    if (kv_cache_init_lanes(&r->cache, &shape, &spec, caps, err, sizeof err)) fatal("%s", err);
     if (state_init_chunk(&r->s, &m->config, chunk)) fatal("out of memory");
     if (!strcmp(o->device, "ref")) kv_set_backend(&r->cache, KV_BACKEND_REF);   /* -d ref: the whole job by definition */
     r->recall = calloc((size_t)m->config.n_layers, sizeof(double));
     r->recall_topk = calloc((size_t)m->config.n_layers, sizeof(double));
+    r->recall_lane = calloc((size_t)m->config.n_layers * m->config.n_kv_heads, sizeof(double));
     r->cur_recall = calloc((size_t)chunk, sizeof(double));
-    if (!r->recall || !r->recall_topk || !r->cur_recall) fatal("out of memory");
+    if (!r->recall || !r->recall_topk || !r->recall_lane || !r->cur_recall) fatal("out of memory");
     r->is_shadow = shadow;
 }
 
@@ -443,7 +464,15 @@ static void policy_run_free(PolicyRun *r) {
     state_free(&r->s);
     free(r->recall);
     free(r->recall_topk);
+    free(r->recall_lane);
     free(r->cur_recall);
+}
+
+/* Each lane's mean recall over the steps counted, lane order (l * n_kv_heads + g), comma-separated; %.17g, so a
+ * reader gets the very doubles the lane choice ranks (eval_choose_lanes). */
+static void json_recall_lanes(Line *l, const PolicyRun *r, int n_lanes) {
+    for (int i = 0; i < n_lanes; i++)
+        line_printf(l, "%s%.17g", i ? "," : "", r->recall_n ? r->recall_lane[i] / r->recall_n : 0);
 }
 
 static void note_bytes(PolicyRun *r) {
@@ -493,9 +522,9 @@ static void progress(double t_start, long done, long total, const char *what) {
  * all runs in lockstep layer by layer (forward_layer), so the shadow's attention at (token, layer) is at hand when
  * a policy's recall at that (token, layer) is measured. chunk = 1 is token-by-token decode; any chunk gives the
  * same bits (tests/test_eval.sh). At most max_tokens tokens are scored (0: all); SIGINT/SIGTERM stops it after the
- * current chunk. Returns the tokens scored. */
+ * current chunk; `what` labels the progress lines. Returns the tokens scored. */
 static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, int n_runs, EvalCtx *e,
-                       OutFile *tokenlog, int chunk, long max_tokens) {
+                       OutFile *tokenlog, int chunk, long max_tokens, const char *what) {
     int V = m->config.vocab_size, ctx = e->ctx;
     long total = 0, done = 0;
     for (int d = 0; d < n_docs; d++) total += (long)docs[d].n - 1;
@@ -608,7 +637,7 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                     outfile_line(tokenlog, &tl);
                 }
             }
-            progress(t_start, done, total, "ppl:");
+            progress(t_start, done, total, what);
         }
     }
     free(sc);
@@ -667,7 +696,7 @@ int run_ppl(Model *m, const Options *o) {
         fatal("-ppl-mode chunked -c %d scores no token: use -c 4 or more", o->ctx);
     long max_tokens = o->steps_set ? o->steps : 0;
     if (o->steps_set && max_tokens == 0) fatal("-m ppl -n 0 scores nothing: give the tokens to score, or no -n for all");
-    int ctx = o->ctx ? o->ctx : m->config.seq_len;
+    int ctx = run_context(m, o);
     Sha256 text_sha;
     sha_init(&text_sha);
     Doc docs[MAX_FILES];
@@ -684,10 +713,10 @@ int run_ppl(Model *m, const Options *o) {
     int n_pol = o->n_kv ? o->n_kv : 1, n_runs = n_pol + !chunked;
     PolicyRun *runs = calloc((size_t)n_runs, sizeof *runs);
     if (!runs) fatal("out of memory");
-    if (!chunked) policy_run_init(&runs[0], m, o, "full", ctx, 1, chunk);
-    for (int k = 0; k < n_pol; k++) {
-        policy_run_init(&runs[k + !chunked], m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk);
-    }
+    if (!chunked) policy_run_init(&runs[0], m, o, "full", ctx, 1, chunk, NULL);
+    for (int k = 0; k < n_pol; k++)
+        policy_run_init(&runs[k + !chunked], m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk,
+                        o->n_kv ? o->kv_caps[k] : NULL);
     /* the runs go layer by layer in lockstep: one policy that is not layer-local makes the stream token by token
        (the chunk-sized buffers stay; only their first row is used) */
     if (!chunked && chunk > 1)
@@ -698,15 +727,8 @@ int run_ppl(Model *m, const Options *o) {
                 chunk = 1;
                 break;
             }
-    EvalCtx e = {m, chunked ? NULL : &runs[0], NULL, ctx, 0, NULL, NULL};
-    if (!chunked) {
-        int most = 0;
-        for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;
-        e.shadow_prob = calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float));
-        e.spans = calloc((size_t)2 * most, sizeof(int));
-        e.group_prob = calloc((size_t)ctx, sizeof(double));
-        if (!e.shadow_prob || !e.spans || !e.group_prob) fatal("out of memory for the shadow's attention (%d tokens)", ctx);
-    }
+    EvalCtx e = {m, NULL, NULL, ctx, 0, NULL, NULL};
+    if (!chunked) eval_ctx_init(&e, m, runs, n_runs, ctx, chunk);
     OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->tokenlog) outfile_open(&tokenlog, "-tokenlog", o->tokenlog, 0);
     if (o->out) outfile_open(&out, "-o", o->out, 1);
@@ -724,7 +746,7 @@ int run_ppl(Model *m, const Options *o) {
     int partial;
     if (chunked) partial = ppl_chunked(m, docs, o->n_files, runs, n_runs, ctx, chunk);
     else {
-        done = ppl_stream(m, docs, o->n_files, runs, n_runs, &e, &tokenlog, chunk, max_tokens);
+        done = ppl_stream(m, docs, o->n_files, runs, n_runs, &e, &tokenlog, chunk, max_tokens, "ppl:");
         partial = done < total;
     }
     double secs = now_s() - t0;
@@ -766,6 +788,8 @@ int run_ppl(Model *m, const Options *o) {
                         recall_topk_mean(r, L));
             for (int l = 0; l < L; l++)
                 line_printf(&ln, "%s%.6g", l ? "," : "", r->recall_n ? r->recall[l] / r->recall_n : 0);
+            line_printf(&ln, "],\"recall_per_lane\":[");
+            json_recall_lanes(&ln, r, L * m->config.n_kv_heads);
             line_printf(&ln, "],");
         }
         if (r->cache.tiers) {
@@ -824,11 +848,129 @@ int run_ppl(Model *m, const Options *o) {
     outfile_close(&kvlog);
     for (int k = 0; k < n_runs; k++) policy_run_free(&runs[k]);
     free(runs);
-    free(e.shadow_prob);
-    free(e.spans);
-    free(e.group_prob);
+    eval_ctx_free(&e);
     for (int d = 0; d < o->n_files; d++) free(docs[d].ids);
     return run_signal ? 128 + run_signal : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * -calib FILE: allocation by calibration (DuoAttention's retrieval and streaming lanes, policies.c duo). Before the
+ * job, the spec's streaming form (its cache made with every lane at the budget: sink:B with the same sinks) runs the
+ * calibration text beside the shadow, exactly as -m ppl -f FILE -n (-c) would (ppl_stream, the same recall), and
+ * each lane's mean recall ranks it: the lanes where the streaming form loses the most of the shadow's attention are
+ * the ones that need every token.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { double recall; int lane; } LaneRecall;
+
+static int lane_recall_cmp(const void *a, const void *b) {
+    const LaneRecall *x = a, *y = b;
+    if (x->recall != y->recall) return x->recall < y->recall ? -1 : 1;   /* lowest recall first ... */
+    return x->lane - y->lane;                                             /* ... and among equals the lower lane */
+}
+
+int eval_choose_lanes(int *chosen, const double *recall, int n_lanes, double share) {
+    if (n_lanes < 1 || !(share >= 0 && share <= 1)) return -1;
+    for (int i = 0; i < n_lanes; i++) if (!isfinite(recall[i])) return -1;
+    LaneRecall *order = malloc((size_t)n_lanes * sizeof *order);
+    if (!order) return -1;
+    for (int i = 0; i < n_lanes; i++) order[i] = (LaneRecall){recall[i], i};
+    qsort(order, (size_t)n_lanes, sizeof *order, lane_recall_cmp);
+    int n = (int)round(share * n_lanes);
+    for (int i = 0; i < n_lanes; i++) chosen[i] = 0;
+    for (int i = 0; i < n; i++) chosen[order[i].lane] = 1;
+    free(order);
+    return n;
+}
+
+int *eval_calib(Model *m, const Options *o, int k) {
+    KVSpec spec;
+    char err[512];
+    if (kv_spec_parse(&spec, o->kv[k], o->kvt, err, sizeof err)) fatal("-kv: %s", err);
+    const KVPolicyOps *ops = kv_policy_find(spec.name);
+    if (!ops->calib_full) return NULL;
+    int ctx = run_context(m, o), chunk = PREFILL_CHUNK;   /* any chunk gives the same bits: the fastest */
+    int L = m->config.n_layers, G = m->config.n_kv_heads, n_lanes = L * G;
+    Sha256 sha;
+    sha_init(&sha);
+    Doc d = tokenize_doc(m, o->calib, &sha);
+    if (d.n < 2)
+        fatal("-calib '%s' has %zu token%s: calibration measures the attention of every position but the last (as "
+              "ppl), so it needs at least 2", o->calib, d.n, d.n == 1 ? "" : "s");
+    /* runs[0] the shadow, runs[1] the spec with every lane at its budget: its streaming form */
+    PolicyRun runs[2];
+    policy_run_init(&runs[0], m, o, "full", ctx, 1, chunk, NULL);
+    policy_run_init(&runs[1], m, o, o->kv[k], ctx, 0, chunk, NULL);
+    PolicyRun *r = &runs[1];
+    EvalCtx e;
+    eval_ctx_init(&e, m, runs, 2, ctx, chunk);
+    OutFile none = OUTFILE_NONE;
+    char desc[512];
+    kv_describe(&r->cache, desc, sizeof desc);
+    run_job_start();
+    fprintf(stderr, "calib: '%s' chooses its full lanes on '%s' (%zu tokens, the first %ld read, -c %d): each lane's "
+            "recall in its streaming form (%s) against the shadow\n", spec.text, o->calib, d.n,
+            d.n - 1 < (size_t)ctx ? (long)d.n - 1 : (long)ctx, ctx, desc);
+    long done = ppl_stream(m, &d, 1, runs, 2, &e, &none, chunk, ctx, "calib:");
+    int *caps = NULL;
+    if (!run_signal) {
+        double *recall = calloc((size_t)n_lanes, sizeof(double));
+        int *full = malloc((size_t)n_lanes * sizeof(int));
+        caps = malloc((size_t)n_lanes * sizeof(int));
+        if (!recall || !full || !caps) fatal("out of memory");
+        for (int i = 0; i < n_lanes; i++) recall[i] = r->recall_n ? r->recall_lane[i] / r->recall_n : 0;
+        double share = ops->calib_full(&r->cache.policy), sum_full = 0, sum_rest = 0;
+        int n_full = eval_choose_lanes(full, recall, n_lanes, share), B = r->cache.policy.budget;
+        if (n_full < 0) fatal("calib: '%s': a lane's recall is not finite", spec.text);
+        for (int i = 0; i < n_lanes; i++) {
+            caps[i] = full[i] ? ctx : B;
+            if (full[i]) sum_full += recall[i]; else sum_rest += recall[i];
+        }
+        /* the chosen lanes, lowest recall first, as layer.kvhead and recall */
+        fprintf(stderr, "calib: %d of %d lanes full (round(%g x %d)), lowest recall first, layer.kvhead recall:",
+                n_full, n_lanes, share, n_lanes);
+        for (int j = 0, shown = 0; j < n_full; j++) {
+            int best = -1;
+            for (int i = 0; i < n_lanes; i++)   /* the j-th lowest: n_full x n_lanes, tiny */
+                if (full[i] == 1 && (best < 0 || recall[i] < recall[best])) best = i;
+            full[best] = 2;
+            fprintf(stderr, "%s%d.%d %.4f", shown++ % 8 ? "  " : "\ncalib:   ", best / G, best % G, recall[best]);
+        }
+        fprintf(stderr, "%s\ncalib: mean recall %.4f on the full lanes, %.4f on the %d streaming ones\n",
+                n_full ? "" : " none", n_full ? sum_full / n_full : 0, n_lanes > n_full ? sum_rest / (n_lanes - n_full) : 0,
+                n_lanes - n_full);
+        if (o->out) {
+            OutFile out = OUTFILE_NONE;
+            outfile_open(&out, "-o", o->out, 1);
+            Provenance pv;
+            provenance_init(&pv, m, o, &sha);   /* text_sha256: the calibration text's, as calib_sha256 */
+            Line ln = {0};
+            line_printf(&ln, "{\"mode\":\"duo_calib\",\"kv\":\"");
+            line_json_str(&ln, spec.text);
+            line_printf(&ln, "\",\"budget\":%d,\"full_share\":%.9g,\"ctx\":%d,\"calib\":\"", B, share, ctx);
+            line_json_str(&ln, o->calib);
+            line_printf(&ln, "\",\"calib_sha256\":\"%s\",\"calib_tokens\":%zu,\"tokens\":%ld,\"lanes\":%d,"
+                        "\"full_lanes\":[", pv.text_sha, d.n, done, n_lanes);
+            for (int i = 0, w = 0; i < n_lanes; i++)
+                if (full[i]) line_printf(&ln, "%s[%d,%d]", w++ ? "," : "", i / G, i % G);
+            line_printf(&ln, "],\"full_recall\":%.9g,\"streaming_recall\":%.9g,\"recall_per_lane\":[",
+                        n_full ? sum_full / n_full : 0, n_lanes > n_full ? sum_rest / (n_lanes - n_full) : 0);
+            json_recall_lanes(&ln, r, n_lanes);
+            line_printf(&ln, "],");
+            json_provenance_end(&ln, &pv);
+            outfile_line(&out, &ln);
+            line_free(&ln);
+            line_free(&pv.cmdline);
+            outfile_close(&out);
+        }
+        free(recall);
+        free(full);
+    }
+    policy_run_free(&runs[0]);
+    policy_run_free(&runs[1]);
+    eval_ctx_free(&e);
+    free(d.ids);
+    return caps;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -870,7 +1012,7 @@ static int *bench_tokens(const Model *m, const Options *o, int n, Sha256 *text_s
 }
 
 int run_bench(Model *m, const Options *o) {
-    int ctx_max = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
+    int ctx_max = run_context(m, o);
     if (o->steps_set && o->steps == 0) fatal("-m bench -n 0 times no decode step: give the steps per context (default 32)");
     int steps = o->steps_set ? o->steps : 32;
     int n_pol = o->n_kv ? o->n_kv : 1;
@@ -897,7 +1039,8 @@ int run_bench(Model *m, const Options *o) {
     double *ms = malloc((size_t)steps * sizeof(double));
     for (int k = 0; k < n_pol && !run_signal; k++) {
         PolicyRun r;
-        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx_max, 0, PREFILL_CHUNK);
+        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx_max, 0, PREFILL_CHUNK,
+                        o->n_kv ? o->kv_caps[k] : NULL);
         /* warm-up: page the weights in, wake the threads */
         for (int t = 0; t < 8; t++) forward(m, &r.s, &r.cache, tok[t], t);
         for (int li = 0; li < n_lens && !run_signal; li++) {
@@ -1118,7 +1261,7 @@ static void json_answer(Line *l, const char *name, long got) {
 
 int run_passkey(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("passkey needs a model with a tokenizer");
-    int ctx = o->ctx ? o->ctx : (m->config.seq_len < 2048 ? m->config.seq_len : 2048);
+    int ctx = run_context(m, o);
     int chunk = o->chunk ? o->chunk : 32, n_keys_per_cell = 2;
     if (o->steps_set && o->steps == 0) fatal("-m passkey -n 0 leaves no token to answer with: give the answer's length "
                                              "(default 8)");
@@ -1156,7 +1299,7 @@ int run_passkey(Model *m, const Options *o) {
     for (int k = 0; k < n_pol && !stopped; k++) {
         rng = seed;   /* every policy is asked the same keys at the same depths */
         PolicyRun r;
-        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk);
+        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
         if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
         fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");
         for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.2f", depths[di]);

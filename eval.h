@@ -33,6 +33,21 @@ typedef struct {
     int top1;      /* 1 when argmax q = argmax p (each the first index of its largest logit) */
 } EvalToken;
 EvalToken eval_token(const float *ref, double lse_ref, const float *x, double lse_x, int y, int n);
+/* Allocation by calibration (DuoAttention, Xiao et al. 2024, arXiv:2410.10819: retrieval lanes keep every token,
+ * streaming lanes a sink cache). eval_choose_lanes is the lane choice, the one rule allocation by calibration uses:
+ * recall (n_lanes, finite) is each lane's mean attention-mass recall in the streaming form; chosen (n_lanes) gets 1
+ * for the round(share · n_lanes) lanes of lowest recall (C's round: halves away from zero; ties to the lower lane
+ * index) and 0 for the others. Returns how many were chosen, or -1 (chosen untouched) when n_lanes < 1, share is
+ * outside [0, 1] or a recall is not finite.
+ * eval_calib: for -kv spec o->kv[k] whose policy takes a lane choice (calib_full, kv.h), the spec's streaming form
+ * (every lane at the budget) runs -calib FILE (o->calib, which must be set) beside the shadow, as -m ppl -f FILE -n
+ * (-c) does: the first min(tokens - 1, -c) positions attend and are measured (-c: run_context); the chosen lanes and
+ * their recall go to stderr, and with -o a "duo_calib" record. Returns the lanes' slots (n_layers * n_kv_heads,
+ * malloc'd): -c for a chosen lane, the budget for the others; NULL for a policy that takes no lane choice, or when
+ * SIGINT/SIGTERM stopped the calibration (run_signal set). Exits with a message on a missing or unreadable file or
+ * one of fewer than 2 tokens. */
+int eval_choose_lanes(int *chosen, const double *recall, int n_lanes, double share);
+int *eval_calib(Model *m, const Options *o, int k);
 /* SHA-256 (FIPS 180-4) of data as 64 hex digits and a NUL in hex. */
 void sha256_hex(const void *data, size_t len, char *hex);
 

@@ -1088,7 +1088,10 @@ void kv_attend_policy(KVCache *c, int l, int t) {
     }
 }
 
-int kv_capacity(const KVCache *c) { return c->policy.ops->evicts ? INT_MAX : c->budget; }
+int kv_capacity(const KVCache *c) {
+    if (c->policy.ops->capacity) return c->policy.ops->capacity(&c->policy);
+    return c->policy.ops->evicts ? INT_MAX : c->budget;
+}
 
 void kv_describe(const KVCache *c, char *buf, size_t len) {
     char pol[160] = "";

@@ -181,7 +181,7 @@ typedef struct {
                                   over every registered policy use it */
     const char *options;       /* its own keys, for error messages ("sinks=S"), or "" */
     const char *reason;        /* why it evicts, for the -kvlog "reason" field ("lowest accumulated attention") */
-    const char *family;        /* eviction, merging, selection (-h policies) */
+    const char *family;        /* eviction, merging, selection, allocation (-h policies) */
     int needs_budget;          /* 1: NAME:BUDGET is required */
     int evicts;                /* 1: the lane stays within its budget by evicting (or merging); 0: it stops at -c
                                   (full, snapkv, the selection policies) */
@@ -246,6 +246,14 @@ typedef struct {
     int (*prune)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *ranks, int max, double *score);
     /* The resolved parameters, for the start-up line ("recent=128"). */
     void (*describe)(const KVPolicy *p, char *buf, size_t len);
+    /* Tokens a stream can feed the cache when that depends on its lanes (duo: its full lanes stop at -c, its
+     * streaming lanes evict); kv_capacity asks it. NULL: the rule of `evicts`. */
+    int (*capacity)(const KVPolicy *p);
+    /* Allocation by calibration (duo): the share of lanes, in [0, 1], that the driver gives -c slots, chosen on a
+     * calibration text (-calib FILE; eval_calib, eval_choose_lanes in eval.h); the driver then makes the cache with
+     * kv_cache_init_lanes, -c slots for the chosen lanes and the budget for the others. A driver that has no text
+     * must not run it (made with kv_cache_init every lane gets the budget). NULL: the policy takes no lane choice. */
+    double (*calib_full)(const KVPolicy *p);
 } KVPolicyOps;
 
 struct KVPolicy {
@@ -532,9 +540,10 @@ KVBytes kv_lane_bytes(const KVCache *c, int l, int g);
 size_t kv_alloc_bytes_for(const KVShape *shape, const KVSpec *spec, const KVPolicyOps *ops, int budget);
 /* One line: policy, resolved budget and parameters, types, residual, pos, agg (for the start-up line and -v). */
 void kv_describe(const KVCache *c, char *buf, size_t len);
-/* The capacity rule, the one place it is decided: how many tokens a stream can feed this cache. An evicting policy
- * takes any number (INT_MAX); a non-evicting one (full, snapkv after its compression) stops when its lanes are full,
- * at its slots per lane (c->budget: -c for full and snapkv, or full:N's N). */
+/* The capacity rule, the one place it is decided: how many tokens a stream can feed this cache. The policy's own
+ * answer when it has one (capacity: duo, whose full lanes stop at -c); else an evicting policy takes any number
+ * (INT_MAX), and a non-evicting one (full, snapkv after its compression) stops when its lanes are full, at its slots
+ * per lane (c->budget: -c for full and snapkv, or full:N's N). */
 int kv_capacity(const KVCache *c);
 /* 1 when the cache's policy is layer-local (batched evaluation is exact), 0 when it declares cross_layer. */
 static inline int kv_layer_local(const KVCache *c) { return !c->policy.ops->cross_layer; }

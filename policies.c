@@ -25,6 +25,7 @@
 #include "kv.h"
 #include "util.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -126,16 +127,21 @@ static const KVPolicyOps policy_window = {
 
 typedef struct { int sinks; } SinkState;
 
-static int sink_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    SinkState *st = state_new(p, sizeof *st);
-    if (!st) return errorf(err, errlen, "out of memory");
+/* sinks=S (default 4) and the budget rule, into st: sink's own keys, which duo's streaming lanes take as they are. */
+static int sink_params(KVSpec *sp, int budget, SinkState *st, char *err, size_t errlen) {
     long s = 4;
     if (opt_int(sp, "sinks", 0, 1 << 24, &s, err, errlen) < 0) return -1;
     st->sinks = (int)s;
     char what[48], fix[48];
     snprintf(what, sizeof what, "sinks=%d", st->sinks);
     snprintf(fix, sizeof fix, "sinks <= %d", budget - 2 >= 0 ? budget - 2 : 0);
-    return check_budget(sp, "sink", budget, st->sinks + 1, what, budget >= 2 ? fix : "", err, errlen);
+    return check_budget(sp, sp->name, budget, st->sinks + 1, what, budget >= 2 ? fix : "", err, errlen);
+}
+
+static int sink_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    SinkState *st = state_new(p, sizeof *st);
+    if (!st) return errorf(err, errlen, "out of memory");
+    return sink_params(sp, budget, st, err, errlen);
 }
 
 static int sink_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
@@ -156,6 +162,80 @@ static const KVPolicyOps policy_sink = {
     .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
     .options = "sinks=S (default 4)", .reason = "oldest after the sinks", .needs_budget = 1, .evicts = 1,
     .init = sink_init, .evict = sink_evict, .describe = sink_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * duo:B,full=F,sinks=S: DuoAttention (Xiao et al. 2024, "DuoAttention: Efficient Long-Context LLM Inference with
+ * Retrieval and Streaming Heads", arXiv:2410.10819, section 2): retrieval lanes keep every token (a full cache up to
+ * -c, never evicting, the cache stopping at -c as `full` does), streaming lanes keep S attention sinks and the B-S
+ * most recent tokens, exactly sink:B,sinks=S (sink's keys, budget rule and victim are the code above, not a copy).
+ * One lane is one (layer, kv head): a GQA group shares its lane, so the split is per kv head, as the paper's is for
+ * GQA models. The paper finds its retrieval heads by optimizing a gate per head on synthetic passkey data; here the
+ * DRIVER chooses them (the allocation family: the policy knows no model and no text): with -calib FILE, the
+ * round(F · n_lanes) lanes where sink:B holds the least of the shadow's attention on that text are full
+ * (eval_calib and eval_choose_lanes in eval.c).
+ * How the policy receives the lane mask: as ragged budgets. The driver makes the cache with kv_cache_init_lanes,
+ * -c slots for a full lane and B for a streaming one, and the policy tells them apart by their cap (cap > B: full).
+ * We chose that over a mask in the spec or in the policy's state because the memory then follows the mask with
+ * nothing more (a streaming lane allocates B slots, never -c), clone/restore already copy the caps, and the policy
+ * keeps no per-lane table. Made with kv_cache_init (every lane B), it IS sink:B: the calibration run is that cache.
+ * The budget is in tokens and below -c (a byte budget would have to split bytes the full lanes take by -c; a
+ * streaming lane of -c slots would be a full one); full=F in [0, 1] is required, sinks= as sink's. No metadata.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct { SinkState sink; /* first: sink's callbacks read it through p->state */ double full; } DuoState;
+
+static int duo_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    DuoState *st = state_new(p, sizeof *st);
+    if (!st) return errorf(err, errlen, "out of memory");
+    const char *f = kv_spec_get(sp, "full");
+    if (!f) return errorf(err, errlen, "'%s': duo needs full=F, the share of lanes (layer, kv head) that keep every "
+                          "token, in [0, 1] (e.g. duo:%d,full=0.25)", sp->text, budget);
+    if (parse_float(f, 0, 1, &st->full))
+        return errorf(err, errlen, "bad full=%s in '%s': the share of lanes that keep every token, a number in [0, 1]",
+                      f, sp->text);
+    if (sp->budget_bytes)
+        return errorf(err, errlen, "'%s': give duo's budget in tokens (duo:256,full=%s): its full lanes take -c slots "
+                      "each, so its bytes follow from the budget, full= and -c", sp->text, f);
+    if (budget >= shape->seq_len)
+        return errorf(err, errlen, "'%s': a streaming lane of %d slots holds the whole context (-c %d), as a full lane "
+                      "does: duo's budget must be below -c", sp->text, budget, shape->seq_len);
+    return sink_params(sp, budget, &st->sink, err, errlen);
+}
+
+/* a full lane (cap above the budget) never evicts: kv_append then reports the cache full, as under `full` */
+static int duo_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victims, int max, double *score) {
+    if (ln->cap > p->budget) return 0;
+    return sink_evict(p, lane, ln, t, victims, max, score);
+}
+
+/* the smallest full lane: streaming lanes take any number of tokens */
+static int duo_capacity(const KVPolicy *p) {
+    int cap = INT_MAX;
+    for (int i = 0; i < p->n_lanes; i++)
+        if (p->lanes[i].cap > p->budget && p->lanes[i].cap < cap) cap = p->lanes[i].cap;
+    return cap;
+}
+
+static double duo_calib_full(const KVPolicy *p) { return ((const DuoState *)p->state)->full; }
+
+static void duo_describe(const KVPolicy *p, char *buf, size_t len) {
+    int n_full = 0;
+    for (int i = 0; i < p->n_lanes; i++) n_full += p->lanes[i].cap > p->budget;
+    snprintf(buf, len, "sinks=%d full=%g (%d of %d lanes full)", ((const DuoState *)p->state)->sink.sinks,
+             ((const DuoState *)p->state)->full, n_full, p->n_lanes);
+}
+
+static const KVPolicyOps policy_duo = {
+    .example = "duo:16,full=0.25",
+    .name = "duo", .family = "allocation",
+    .paper = "DuoAttention: Xiao et al. 2024, arXiv:2410.10819, section 2 (retrieval and streaming heads); the "
+             "streaming lanes are StreamingLLM's (Xiao et al. 2023, arXiv:2309.17453)",
+    .summary = "duo:B,full=F: the share F of lanes with the lowest sink:B recall on -calib FILE keep every token up to "
+               "-c, the rest are sink:B (DuoAttention)",
+    .options = "full=F (required: the share of lanes kept full, in [0, 1]; needs -calib FILE), sinks=S (default 4)",
+    .reason = "oldest after the sinks (a streaming lane)", .needs_budget = 1, .evicts = 1, .init = duo_init,
+    .evict = duo_evict, .capacity = duo_capacity, .calib_full = duo_calib_full, .describe = duo_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -950,7 +1030,7 @@ static const KVPolicyOps policy_blocks = {
 static const KVPolicyOps *const registry[] = {&policy_full, &policy_window, &policy_sink, &policy_h2o, &policy_tova,
                                               &policy_scissorhands, &policy_lru, &policy_random, &policy_snapkv,
                                               &policy_pool, &policy_topk, &policy_quest,
-                                              &policy_blocks};
+                                              &policy_blocks, &policy_duo};
 #define N_POLICIES (int)(sizeof registry / sizeof registry[0])
 
 const KVPolicyOps *kv_policy_find(const char *name) {

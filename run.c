@@ -341,19 +341,27 @@ typedef struct {
 
 
 
+int run_context(const Model *m, const Options *o) {
+    if (o->ctx) return o->ctx;
+    int trained = m->config.seq_len;
+    return !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench") ? (trained < 2048 ? trained : 2048) : trained;
+}
+
 static void session_init(Session *se, Model *m, const Options *o, uint64_t seed) {
     memset(se, 0, sizeof *se);
     se->m = m;
     se->seed = seed;
     const Config *c = &m->config;
-    int ctx = o->ctx ? o->ctx : c->seq_len;
+    int ctx = run_context(m, o);
     char err[512];
     KVSpec spec;
     if (kv_spec_parse(&spec, o->n_kv ? o->kv[0] : "full", o->kvt, err, sizeof err) ||
         kv_spec_check_mode(&spec, o->mode, err, sizeof err))
         fatal("-kv: %s", err);
     KVShape shape = model_kv_shape(m, ctx);
-    if (kv_cache_init(&se->cache, &shape, &spec, err, sizeof err)) fatal("%s", err);
+    /* ragged lanes when the driver chose them (duo's full lanes, from -calib), else the budget for every lane */
+    if (kv_cache_init_lanes(&se->cache, &shape, &spec, o->n_kv ? o->kv_caps[0] : NULL, err, sizeof err))
+        fatal("%s", err);
     se->capacity = kv_capacity(&se->cache);
     if (state_init_chunk(&se->s, c, PREFILL_CHUNK) || sampler_init(&se->sampler, c->vocab_size, o->temperature, o->topp, seed))
         fatal("out of memory");
@@ -623,7 +631,7 @@ static int run_chat(Session *se, const Options *o) {
         int stop = chat_render(&ids, m, fmt, system, user, turn == 0);
         if (interactive) { fprintf(stderr, "assistant> "); fflush(stderr); }
         /* -n 0: up to the end of the context (the last generated position -c - 1), as in generate, over all turns */
-        int ctx = o->ctx ? o->ctx : m->config.seq_len, left = ctx - se->pos - (int)ids.n + 1;
+        int ctx = run_context(m, o), left = ctx - se->pos - (int)ids.n + 1;
         int steps = o->steps ? o->steps : se->capacity != INT_MAX ? INT_MAX : left > 1 ? left : 1;
         end = session_generate(se, &ids, steps, stop, 1);
         free(ids.ids);
@@ -671,7 +679,7 @@ static int run_generate(Session *se, const Options *o) {
     print_start(se, o);
     /* -n 0: up to the context (-c). A non-evicting cache runs until it is full and says so; an evicting one stops
        when the last position it generates is -c - 1 (the token sampled there needs no slot) */
-    int ctx = o->ctx ? o->ctx : m->config.seq_len;
+    int ctx = run_context(m, o);
     int steps = o->steps ? o->steps : se->capacity != INT_MAX ? INT_MAX
                                     : (ctx > (int)prompt.n ? ctx - (int)prompt.n + 1 : 1);
     int end = session_generate(se, &prompt, steps, -1, 0);

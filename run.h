@@ -91,6 +91,10 @@ typedef struct {
 } KVLog;
 void kvlog_attach(KVLog *lg, OutFile *out, const Model *m, const IdList *stream, KVCache *c);
 
+/* The context (-c) a mode runs with, tokens: -c, else the trained context (passkey and bench: at most 2048). It is
+ * full's lanes, the shadow's length, and the tokens duo's calibration reads (eval_calib): one rule for all. */
+int run_context(const Model *m, const Options *o);
+
 /* -m generate and -m chat: one cache with o's policy, the prompt prefilled, tokens sampled and printed; the summary
  * line on stderr. cuda: attention on the device mirror (attn.h). Returns the exit status (0; 1 when a prompt does not
  * fit under full; 128 + the signal when SIGINT/SIGTERM stopped it). */

@@ -10,6 +10,7 @@ against -o. Written from README.md's field list and docs/DESIGN.md's definitions
   dnll = mean over the span of nll_policy - nll_shadow
   scored_tokens: tokenlog lines; documents: distinct docs
   recall = the mean of recall_per_layer (the same mean taken the other way round)
+  recall_per_layer[l] = the mean of recall_per_lane over layer l's kv heads (lane l * n_kv_heads + g, printed %.17g)
 
 Tolerances, derived from the printing: -o and -tokenlog print %.9g, whose rounding is at most half a unit in the 9th
 significant digit, 5e-9 relative. A mean of printed values is off by at most 5e-9 * mean|x|; dp and dnll take two
@@ -124,10 +125,19 @@ def main():
             half6 = sum(0.5 * 10 ** (math.floor(math.log10(abs(v))) - 5) if v else 0.0 for v in layers) / len(layers)
             errs.append(("mean(recall_per_layer)", abs(lm - r["recall"]), half6 + R9 * r["recall"] + SUM, lm,
                          r["recall"]))
+            lanes = r["recall_per_lane"]
+            g = len(lanes) // len(layers)
+            if g * len(layers) != len(lanes) or g < 1:
+                errs.append((f"recall_per_lane has {len(lanes)} lanes for {len(layers)} layers", 1.0, 0.0, 0.0, 0.0))
+            for l, v in enumerate(layers if g * len(layers) == len(lanes) else []):
+                m = sum(lanes[l * g:(l + 1) * g]) / g
+                half = 0.5 * 10 ** (math.floor(math.log10(abs(v))) - 5) if v else 0.0
+                errs.append((f"mean(recall_per_lane of layer {l})", abs(m - v), half + SUM, m, v))
         worst = max(errs, key=lambda e: e[1] / e[2])
         ok = all(e[1] <= e[2] for e in errs)
         detail = "; ".join(f"{e[0]} {e[4]:.9g} vs {e[3]:.9g}" for e in errs if not e[1] <= e[2])
         check(ok, f"{kv}: -o span_nll, span_ppl, all_nll, all_ppl" + (", kl, top1, recall, dp, dnll" if kv != "shadow" else "")
+              + ", recall_per_layer = the lanes' means" * (kv != "shadow")
               + f" = the tokenlog's means over {len(span)} span / {len(scored)} scored tokens (worst: {worst[0]} "
               f"|err| {worst[1]:.2g}, tolerance {worst[2]:.2g})" + (f": {detail}" if detail else ""))
 

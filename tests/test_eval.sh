@@ -21,6 +21,7 @@ ids() { awk -v n="$1" -v s="$2" 'BEGIN { srand(s); for (i = 0; i < n; i++) print
 ids 300 1 >"$tmp/a.txt"
 ids 10 2 >"$tmp/d10.txt"
 ids 1000 3 >"$tmp/d1000.txt"
+ids 80 4 >"$tmp/calib.txt"
 
 # nll_sum LOG POLICY [DOC] [FROM_POS]: Σ and count of the policy's NLL in a -tokenlog, from position FROM_POS on
 nll_sum() {
@@ -40,13 +41,15 @@ for spec in $(./run -h policies | sed -n 's/^    example: //p'); do POLS+=(-kv "
 [ ${#POLS[@]} -ge 18 ] || fail "./run -h policies lists $((${#POLS[@]} / 2)) examples"
 POLS+=(-kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12,per=layer -kv window:12,pos=cache
        -kv sink:12,type=q8 -kv h2o:12,type=q4,residual=3)
+# a calibration text when an example's policy chooses its lanes on one (-h policies: "needs: -calib FILE")
+CAL=(); ./run -h policies | grep -q '^    needs: -calib' && CAL=(-calib "$tmp/calib.txt")
 # --- batched == token by token, 1 == 2 threads ---
-OMP_NUM_THREADS=2 ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" -chunk 1 -tokenlog "$tmp/c1.jsonl" \
+OMP_NUM_THREADS=2 ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" "${CAL[@]}" -chunk 1 -tokenlog "$tmp/c1.jsonl" \
     -o "$tmp/c1o.jsonl" 2>"$tmp/err1"
 rc1=$?
 for c in 5 64; do
     for th in 1 2; do
-        OMP_NUM_THREADS=$th ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" -chunk $c \
+        OMP_NUM_THREADS=$th ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" "${CAL[@]}" -chunk $c \
             -tokenlog "$tmp/c$c.t$th.jsonl" 2>"$tmp/err"
         if [ $rc1 -eq 0 ] && cmp -s "$tmp/c1.jsonl" "$tmp/c$c.t$th.jsonl"; then
             pass "ppl -chunk $c on $th thread(s): per-token NLL and KL bit-identical to token-by-token for $((${#POLS[@]} / 2)) policies"

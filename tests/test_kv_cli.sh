@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The KV policies through ./run on a tiny random model (ids-only, no download): every bad spec of issue 4 is one
 # error line naming the bad part and the valid choices; every policy generates past twice its budget; -kvlog writes
-# one JSON line per eviction; a policy with room for every token generates the same ids as full.
+# one JSON line per eviction; a policy with room for every token generates the same ids as full; duo's errors
+# (-calib missing, unreadable or empty, full= outside [0, 1]) and its two ends (no full lane: sink's ids; all: full's).
 set -u
 cd "$(dirname "$0")/.."
 tmp=tests/tmp/kv_cli; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -17,6 +18,12 @@ if ! "$EXPORT" --random "$tmp/tiny.bin" --dim 48 --hidden 112 --layers 3 --heads
 fi
 M=$tmp/tiny.bin
 PROMPT="1 2 3 4 5 6 7 8 9 10 11 12"
+# a calibration text of 100 ids, for the policies that choose their lanes on one (-h policies: "needs: -calib FILE")
+awk 'BEGIN { srand(3); for (i = 0; i < 100; i++) printf "%d ", int(rand() * 97); print "" }' >"$tmp/calib.txt"
+CALIB_POLS=" $("$RUN" -h policies | awk '/^  [^ ]/ { n = $1; sub(/:.*/, "", n) } /^    needs: -calib/ { printf "%s ", n }')"
+calib_for() {   # SPEC: the -calib arguments its policy needs, if any
+    case "$CALIB_POLS" in *" ${1%%[:,]*} "*) echo "-calib $tmp/calib.txt" ;; esac
+}
 
 # expect_error SPEC PATTERN...: non-zero exit below 128 (not a signal), stderr matches every PATTERN (fixed strings)
 expect_error() {
@@ -52,12 +59,44 @@ expect_error "quest:16" "page=16" "a budget >= 32, or page <= 8"
 expect_error "quest:1MiB" "quest:1MiB" "quest:256"
 expect_error "blocks:8" "global=4 and local=4" "local <= 3"
 
+# duo: its lanes are chosen on -calib FILE, which it requires; full= in [0, 1]; -calib needs a spec that reads it
+expect_run_error() {   # DESCRIPTION PATTERN... -- ARGS...: ./run MODEL ARGS fails (1..127), stderr has every PATTERN
+    local what=$1 pats=() ok=1; shift
+    while [ "$1" != "--" ]; do pats+=("$1"); shift; done; shift
+    "$RUN" "$M" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+    for pat in "${pats[@]}"; do grep -qF -- "$pat" "$tmp/err" || ok=0; done
+    if [ $rc -ne 0 ] && [ $rc -lt 128 ] && [ $ok -eq 1 ] && ! grep -qE "Sanitizer|runtime error" "$tmp/err"; then
+        pass "$what -> $(grep -v '^run: note' "$tmp/err" | head -1 | head -c 200)"
+    else fail "$what: exit $rc, stderr: $(head -c 300 "$tmp/err")"; fi
+}
+: >"$tmp/empty.txt"
+G=(-t 0 -n 4 -i "$PROMPT")
+expect_run_error "duo without -calib" "duo:16,full=0.25" "-calib FILE" -- "${G[@]}" -kv duo:16,full=0.25
+expect_run_error "duo without -calib in ppl" "-calib FILE" -- -m ppl -f "$tmp/calib.txt" -kv duo:16,full=0.25
+expect_run_error "duo without full=" "needs full=F" "[0, 1]" -- "${G[@]}" -kv duo:16 -calib "$tmp/calib.txt"
+expect_run_error "duo full=1.5" "bad full=1.5" "[0, 1]" -- "${G[@]}" -kv duo:16,full=1.5 -calib "$tmp/calib.txt"
+expect_run_error "duo full=x" "bad full=x" "[0, 1]" -- "${G[@]}" -kv duo:16,full=x -calib "$tmp/calib.txt"
+expect_run_error "duo with a byte budget" "in tokens" -- "${G[@]}" -kv duo:16KiB,full=0.5 -calib "$tmp/calib.txt"
+expect_run_error "duo's budget at -c" "below -c" -- "${G[@]}" -c 16 -kv duo:16,full=0.5 -calib "$tmp/calib.txt"
+expect_run_error "a missing -calib file" "cannot open" "$tmp/nosuch.txt" -- "${G[@]}" -kv duo:16,full=0.5 \
+    -calib "$tmp/nosuch.txt"
+expect_run_error "an empty -calib file" "$tmp/empty.txt" "0 tokens" "at least 2" -- "${G[@]}" -kv duo:16,full=0.5 \
+    -calib "$tmp/empty.txt"
+cp "$tmp/calib.txt" "$tmp/calib_copy.txt"
+expect_run_error "-kvlog onto the -calib file" "is the input" "calib_copy.txt" -- "${G[@]}" -kv duo:16,full=0.5 \
+    -calib "$tmp/calib_copy.txt" -kvlog "$tmp/calib_copy.txt"
+if cmp -s "$tmp/calib.txt" "$tmp/calib_copy.txt"; then pass "the -calib file was left as it was"
+else fail "-kvlog onto the -calib file changed it"; fi
+expect_run_error "-calib with no policy reading it" "-calib" "no -kv here does" "duo" -- "${G[@]}" -kv sink:16 \
+    -calib "$tmp/calib.txt"
+
 # every policy generates 60 tokens with a budget of 16, greedy, no error: 12 prompt positions + 59 fed back (the last
 # sampled token is printed, not fed) = 71 positions, more than twice the budget
 # (every registered policy's -h policies example, then variants)
 for spec in $("$RUN" -h policies | sed -n 's/^    example: //p' | grep -v '^full$') "sink:16,pos=cache" \
             "tova:16,per=layer" "h2o:16,type=q8,residual=4" "window:16,ktype=q4,vtype=f16" "h2o:16KiB"; do
-    out=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$spec" 2>"$tmp/err"); rc=$?
+    # shellcheck disable=SC2046
+    out=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$spec" $(calib_for "$spec") 2>"$tmp/err"); rc=$?
     n=$(echo "$out" | wc -w)
     if [ $rc -eq 0 ] && [ "$n" -eq 60 ]; then pass "./run -kv '$spec' generates 60 tokens past twice its budget"
     else fail "./run -kv '$spec': exit $rc, $n tokens, stderr: $(tail -c 300 "$tmp/err")"; fi
@@ -91,6 +130,24 @@ if [ $rc -eq 0 ] && grep -q "memory tiers (modelled; the slow tier's link at 16 
    grep -q "keys scanned" "$tmp/err"; then
     pass "ppl with two tiered caches: the tiers' section on stderr, tier_hit_rate and link_gbs in both -o records, reads per query"
 else fail "ppl with tiered caches: exit $rc, $(tail -c 300 "$tmp/err")"; fi
+
+# duo with no full lane is sink:B (the same greedy ids); with every lane full it is full, stopping at -c
+C=(-calib "$tmp/calib.txt")
+want=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv sink:16 2>/dev/null)
+got=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv duo:16,full=0 "${C[@]}" 2>"$tmp/err")
+if [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "0 of 6 lanes full" "$tmp/err"; then
+    pass "duo:16,full=0 (0 of 6 lanes full) gives sink:16's greedy ids"
+else fail "duo:16,full=0: ids differ from sink:16's, or no '0 of 6 lanes full': $(tail -c 300 "$tmp/err")"; fi
+want=$("$RUN" "$M" -t 0 -c 32 -n 0 -i "$PROMPT" -kv full 2>/dev/null)
+got=$("$RUN" "$M" -t 0 -c 32 -n 0 -i "$PROMPT" -kv duo:16,full=1 "${C[@]}" 2>"$tmp/err")
+if [ -n "$want" ] && [ "$got" = "$want" ] && [ "$(echo "$got" | wc -w)" -eq $((32 - 12 + 1)) ] &&
+   grep -q "6 of 6 lanes full" "$tmp/err" && grep -q "the cache is full (32 tokens" "$tmp/err"; then
+    pass "duo:16,full=1 with -c 32: every lane full, full's greedy ids, generation stops at the context"
+else fail "duo:16,full=1 -c 32: $(echo "$got" | wc -w) tokens, $(tail -c 300 "$tmp/err")"; fi
+"$RUN" "$M" -t 0 -c 32 -n 0 -i "$(seq -s ' ' 1 40)" -kv duo:16,full=0.5 "${C[@]}" >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -eq 1 ] && grep -q "the prompt is 40 tokens, longer than the context of 32 tokens" "$tmp/err"; then
+    pass "duo:16,full=0.5 refuses a 40-token prompt with -c 32 before any work, as full does"
+else fail "duo with a prompt past -c: exit $rc, $(tail -c 300 "$tmp/err")"; fi
 
 # with room for all 71 positions every policy gives full's greedy ids
 ref=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv full 2>/dev/null)

@@ -1024,13 +1024,237 @@ static const KVPolicyOps policy_blocks = {
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
+ * cluster:B,k=K,sinks=S,local=W: retrieval by the nearest key clusters, after RetrievalAttention (Liu et al. 2024,
+ * arXiv:2409.10516: the first tokens and a recent window are always attended, the other keys are searched through an
+ * index by the query) and ClusterKV (Liu et al. 2024, arXiv:2412.03213: keys grouped by k-means, clusters ranked by
+ * the query's score against their centroids and read whole until the budget). The lane stores every token up to -c
+ * like `full`; the query at position t reads
+ *   static    the first S positions and the W newest (p > t - W, itself included),
+ *   clusters  the other keys, grouped by k-means: clusters ranked by the group mean over the GQA group's query heads
+ *             of q·c/√head_dim against their centroid c (the queries rotated as attention rotates them; one set per
+ *             lane, as quest ranks pages), highest first, ties to the older cluster (the lower id), read whole until
+ *             B keys are read in all; the first cluster that does not fit is cut to its newest members (recency is
+ *             the prior the static part already uses), so a query reads exactly B keys once the lane holds more than
+ *             B, and every key before.
+ * The clustering, online k-means (MacQueen 1967): a key joins it once, when it leaves the local window (at step t the
+ * key at position t - W; the sinks never), as attention sees it then (select_keys: decoded from its band, rotated).
+ * The first K keys to join each found a cluster, the key its centroid; each later key joins the centroid nearest in
+ * squared L2 distance (ties: the older cluster), whose centroid becomes the mean of its members. Members never move
+ * (no Lloyd iterations), so the index grows by one key per step, as a stream needs. L2 rather than an inner product:
+ * the centroid of L2 k-means is its members' mean, so q·c is exactly the mean of their scores (the dot product is
+ * linear) and the ranking orders clusters by the mean score of their keys; assigning by the largest k·c is no
+ * distance (a centroid of large norm draws keys far from it), and ClusterKV's cosine assignment ignores the key norms
+ * that scores depend on. Each cluster's sum is kept in double and its centroid is the f32 rounding of sum/count, the
+ * members' mean rounded once whatever their number (an f32 running mean c += (k - c)/n drifts by up to n roundings);
+ * distances are summed in double from the f32 key and centroid, d in order; scores in f32, d in order, the group's
+ * sum in order then divided, as quest. No randomness, no threads: the index after step t is a function of the keys.
+ * A key recoded later by prec= stays in its cluster's sum as it was when it joined.
+ * Select advances the clustering itself: whoever calls select first at a step assigns the ranks not yet assigned, in
+ * rank order, exactly once (a slot's cluster is its metadata), so a second call at the same step, with the same query
+ * or another (a tier's prefetch with a predicted query), changes no state, and every later call returns what it
+ * would have returned without it.
+ * What differs from the papers: they cluster the prompt's keys in one batch (ClusterKV: k-means with iterations after
+ * the prefill; RetrievalAttention: an approximate nearest-neighbour index over them that adapts to the queries'
+ * distribution) and handle the tokens generated after it apart; here one online rule covers prompt and generation
+ * alike (ppl has no prompt), and every layer selects (ClusterKV keeps its first two layers dense). Defaults: S = 4
+ * (StreamingLLM's sinks), W = B/4 (at least 1), K = B/4 (at least 1): the centroids a query scores then cost an
+ * eighth of the keys and values it reads (K·head_dim·4 against 2·B·head_dim·4 bytes in f32). The budget must exceed
+ * S + W by one, a slot for the clusters.
+ * Bytes read per step (select_bytes): the centroids scored, head_dim f32 each (the lane's clusters, at most K; none
+ * while every key fits), plus, counted by kv.c, the keys and values of the read set; the cluster counts and member
+ * lists an index would also read (4 bytes per cluster and per token read) are not counted. Resident bytes: the int32
+ * metadata of each slot (0: not clustered, the sinks and the local window; else 1 + its cluster), counted by kv.c;
+ * the centroids (K·head_dim f32 per lane) and their double sums live in the policy state, an index not counted in
+ * resident bytes, as quest's bounds are not.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+#define CLUSTER_MAX_K 4096   /* the state holds K·head_dim·12 bytes per lane: 270 MiB for SmolLM2's 90 lanes */
+
+typedef struct { float score; int id; } ClusterCand;
+/* The state, one block: this header, then per lane (lane_bytes each) sum (k, head_dim) double, cen (k, head_dim)
+ * f32, count (k) int32 and the number of clusters; then scratch for one select: cand (k), take (k) int. */
+typedef struct {
+    int k, sinks, local, head_dim, group, n_lanes;
+    size_t lane_bytes;
+    double data[];
+} ClusterState;
+
+static size_t cluster_lane_bytes(int k, int hd) {
+    size_t b = (size_t)k * hd * (sizeof(double) + sizeof(float)) + ((size_t)k + 1) * sizeof(int32_t);
+    return (b + sizeof(double) - 1) / sizeof(double) * sizeof(double);
+}
+static uint8_t *cluster_lane(ClusterState *st, int lane) { return (uint8_t *)st->data + (size_t)lane * st->lane_bytes; }
+static double *cluster_sum(ClusterState *st, int lane) { return (double *)(void *)cluster_lane(st, lane); }
+static float *cluster_cen(ClusterState *st, int lane) {
+    return (float *)(void *)(cluster_lane(st, lane) + (size_t)st->k * st->head_dim * sizeof(double));
+}
+static int32_t *cluster_count(ClusterState *st, int lane) {   /* (k), then the number of clusters */
+    return (int32_t *)(void *)(cluster_cen(st, lane) + (size_t)st->k * st->head_dim);
+}
+static ClusterCand *cluster_cand(ClusterState *st) {
+    return (ClusterCand *)(void *)cluster_lane(st, st->n_lanes);
+}
+static int *cluster_take(ClusterState *st) { return (int *)(cluster_cand(st) + st->k); }
+
+static int cluster_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
+    long K = budget / 4 > 1 ? budget / 4 : 1, S = 4, W = budget / 4 > 1 ? budget / 4 : 1;
+    if (opt_int(sp, "k", 1, CLUSTER_MAX_K, &K, err, errlen) < 0) return -1;
+    if (opt_int(sp, "sinks", 0, 1 << 24, &S, err, errlen) < 0) return -1;
+    int given_w = opt_int(sp, "local", 1, 1 << 24, &W, err, errlen);
+    if (given_w < 0) return -1;
+    size_t lb = cluster_lane_bytes((int)K, shape->head_dim);
+    ClusterState *st = state_new(p, sizeof *st + lb * p->n_lanes + (size_t)K * (sizeof(ClusterCand) + sizeof(int)));
+    if (!st) return errorf(err, errlen, "out of memory for the cluster index of '%s' (k=%ld)", sp->text, K);
+    st->k = (int)K; st->sinks = (int)S; st->local = (int)W;
+    st->head_dim = shape->head_dim;
+    st->group = shape->n_heads / shape->n_kv_heads;
+    st->n_lanes = p->n_lanes;
+    st->lane_bytes = lb;
+    if (!given_w && budget <= st->sinks + st->local) {   /* the default local = B/4 grows with the budget */
+        int b = 1;
+        while (b - (b / 4 > 1 ? b / 4 : 1) <= st->sinks) b++;
+        char fix[48];
+        if (budget - st->sinks - 1 >= 1) snprintf(fix, sizeof fix, "give local <= %d", budget - st->sinks - 1);
+        else snprintf(fix, sizeof fix, "fewer sinks (local=1 and sinks <= %d)", budget - 2 >= 0 ? budget - 2 : 0);
+        return errorf(err, errlen, "'%s': cluster always reads sinks=%d and local=%d tokens (the default local=B/4), "
+                      "which leaves no slot for a cluster in a budget of %d: use a budget >= %d, or %s", sp->text,
+                      st->sinks, st->local, budget, b, fix);
+    }
+    char what[64], fix[48];
+    snprintf(what, sizeof what, "sinks=%d and local=%d", st->sinks, st->local);
+    snprintf(fix, sizeof fix, "local <= %d", budget - st->sinks - 1);
+    return check_budget(sp, "cluster", budget, st->sinks + st->local, what, budget - st->sinks - 1 >= 1 ? fix : "",
+                        err, errlen);
+}
+
+static void cluster_reset(KVPolicy *p) {
+    ClusterState *st = p->state;
+    memset(st->data, 0, st->lane_bytes * st->n_lanes);
+}
+
+/* The key k (head_dim) joins lane's clustering: a new cluster while fewer than K exist, else the nearest centroid
+ * (squared L2, double, d in order; ties to the older cluster). Returns the cluster. */
+static int cluster_assign(ClusterState *st, int lane, const float *k) {
+    int hd = st->head_dim, c = 0;
+    double *sum = cluster_sum(st, lane);
+    float *cen = cluster_cen(st, lane);
+    int32_t *count = cluster_count(st, lane), *n = count + st->k;
+    if (*n < st->k) c = (*n)++;
+    else {
+        double best = INFINITY;
+        for (int j = 0; j < st->k; j++) {
+            const float *cj = cen + (size_t)j * hd;
+            double d2 = 0;
+            for (int d = 0; d < hd; d++) {
+                double x = (double)k[d] - (double)cj[d];
+                d2 += x * x;
+            }
+            if (d2 < best) { best = d2; c = j; }
+        }
+    }
+    count[c]++;
+    for (int d = 0; d < hd; d++) {
+        sum[(size_t)c * hd + d] += k[d];
+        cen[(size_t)c * hd + d] = (float)(sum[(size_t)c * hd + d] / count[c]);
+    }
+    return c;
+}
+
+static int cluster_cmp(const void *a, const void *b) {
+    const ClusterCand *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;   /* highest score first ... */
+    return x->id - y->id;                                             /* ... and among equals the older cluster */
+}
+
+static int cluster_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
+                          const float *q, int *ranks, int max) {
+    ClusterState *st = p->state;
+    int n = ln->n_live, hd = st->head_dim, S = st->sinks, W = st->local, n_static = 0;
+    /* the keys that left the local window join the clustering, in rank order, once (metadata 0: not yet) */
+    for (int i = 0; i < n; i++) {
+        int pos = kv_rank_pos(ln, i);
+        if (pos < S || pos > t - W) { n_static++; continue; }
+        int32_t id;
+        memcpy(&id, kv_rank_meta(ln, i, 4), 4);
+        if (id) continue;
+        id = 1 + cluster_assign(st, lane, keys + (size_t)i * hd);
+        memcpy(kv_rank_meta(ln, i, 4), &id, 4);
+    }
+    if (n <= p->budget) { for (int i = 0; i < n; i++) ranks[i] = i; return n; }
+    /* rank the clusters by their group-mean score; take whole ones, the first that does not fit cut */
+    int nc = cluster_count(st, lane)[st->k], room = p->budget - n_static, *take = cluster_take(st);
+    const int32_t *count = cluster_count(st, lane);
+    const float *cen = cluster_cen(st, lane);
+    ClusterCand *cand = cluster_cand(st);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int j = 0; j < nc; j++) {
+        float sum = 0;
+        for (int hh = 0; hh < st->group; hh++) {
+            const float *qh = q + (size_t)hh * hd, *c = cen + (size_t)j * hd;
+            float dot = 0;
+            for (int d = 0; d < hd; d++) dot += qh[d] * c[d];
+            sum += dot * scale;
+        }
+        cand[j] = (ClusterCand){sum / st->group, j};
+        take[j] = 0;
+    }
+    qsort(cand, (size_t)nc, sizeof *cand, cluster_cmp);
+    for (int j = 0; j < nc && room > 0; j++) {
+        int id = cand[j].id;
+        take[id] = count[id] < room ? count[id] : room;
+        room -= take[id];
+    }
+    /* newest first, so a cut cluster keeps its newest members; then back to increasing rank order */
+    int m = 0;
+    for (int i = n - 1; i >= 0 && m < max; i--) {
+        int pos = kv_rank_pos(ln, i);
+        int32_t id;
+        memcpy(&id, kv_rank_meta(ln, i, 4), 4);
+        if (pos < S || pos > t - W) ranks[m++] = i;
+        else if (id && take[id - 1] > 0) { take[id - 1]--; ranks[m++] = i; }
+    }
+    for (int a = 0, b = m - 1; a < b; a++, b--) { int x = ranks[a]; ranks[a] = ranks[b]; ranks[b] = x; }
+    return m;
+}
+
+static uint64_t cluster_select_bytes(const KVPolicy *p, int lane, const KVLane *ln, int t) {
+    ClusterState *st = p->state;
+    if (ln->n_live <= p->budget) return 0;
+    return (uint64_t)cluster_count(st, lane)[st->k] * (uint64_t)st->head_dim * sizeof(float);
+}
+
+static uint64_t cluster_select_scanned(const KVPolicy *p, int lane, const KVLane *ln, int t) {
+    ClusterState *st = p->state;
+    return ln->n_live <= p->budget ? 0 : (uint64_t)cluster_count(st, lane)[st->k];   /* one score per centroid */
+}
+
+static void cluster_describe(const KVPolicy *p, char *buf, size_t len) {
+    const ClusterState *st = p->state;
+    snprintf(buf, len, "k=%d sinks=%d local=%d", st->k, st->sinks, st->local);
+}
+
+static const KVPolicyOps policy_cluster = {
+    .example = "cluster:16,k=4",
+    .name = "cluster", .family = "selection",
+    .paper = "retrieval by key clusters: RetrievalAttention, Liu et al. 2024, arXiv:2409.10516; ClusterKV, Liu et al. "
+             "2024, arXiv:2412.03213 (here online k-means, MacQueen 1967)",
+    .summary = "cluster:B,k=K stores every token; each query reads S sinks, the W newest and the k-means key clusters "
+               "of highest centroid score, B in all",
+    .options = "k=K (default B/4), sinks=S (default 4), local=W (default B/4)", .reason = "none", .needs_budget = 1,
+    .evicts = 0, .grows = 1, .select_keys = 1, .init = cluster_init, .reset = cluster_reset,
+    .meta_bytes_per_slot = meta_4, .select = cluster_select, .select_bytes = cluster_select_bytes,
+    .select_scanned = cluster_select_scanned,
+    .describe = cluster_describe,
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
  * The registry
  * ------------------------------------------------------------------------------------------------------------- */
 
 static const KVPolicyOps *const registry[] = {&policy_full, &policy_window, &policy_sink, &policy_h2o, &policy_tova,
                                               &policy_scissorhands, &policy_lru, &policy_random, &policy_snapkv,
                                               &policy_pool, &policy_topk, &policy_quest,
-                                              &policy_blocks, &policy_duo};
+                                              &policy_blocks, &policy_cluster, &policy_duo};
 #define N_POLICIES (int)(sizeof registry / sizeof registry[0])
 
 const KVPolicyOps *kv_policy_find(const char *name) {

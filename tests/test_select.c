@@ -1,5 +1,5 @@
-/* test_select.c: the selection policies quest and blocks (policies.c), each checked after every step of a synthetic
- * stream (kv_append + kv_attend_cpu, no model) against a reference written here, keyed by position:
+/* test_select.c: the selection policies quest, blocks and cluster (policies.c), each checked after every step of a
+ * synthetic stream (kv_append + kv_attend_cpu, no model) against a reference written here, keyed by position:
  *   1. quest:B,page=P: pages of P positions (every position is held, so rank = position); each page's bound
  *      mean_h Σ_d max(q_hd·min_d, q_hd·max_d)/√head_dim, brute force in double from the stream's own keys and queries
  *      (rotated here in double when RoPE is on); the query reads floor(B/P) whole pages: its own (the newest) and the
@@ -9,10 +9,19 @@
  *      (2·head_dim f32 each) plus the read keys and values. Outputs: a softmax over the read set alone;
  *   2. blocks:B,local=L,global=G,stride=S: the exact position set (first G, newest L, every S-th between, the strided
  *      part cut oldest first at B), the default stride, the bytes read;
- *   3. the budget rules' errors, and byte budgets refused;
- *   4. the oracle property on a one-layer scripted stream whose query heads share one query per GQA group: topk:B's
+ *   3. cluster:B,k=K,sinks=S,local=W: a reference k-means per lane written here (a key joins when it leaves the
+ *      local window; the first K found clusters, later ones the nearest centroid in squared L2, ties to the older;
+ *      centroids the double mean of their members), each key's cluster compared with kvlab's metadata (or, within
+ *      the f32 bound of a tie, kvlab's choice followed and counted); the read set: the first S and newest W
+ *      positions, then the clusters by double centroid score (ties to the older) until B, the first that does not
+ *      fit cut to its newest members; near-ties within the f32 bound counted, reported and not compared; a stream of
+ *      repeated keys for exact ties; bytes read (the centroids scored + the read keys and values), resident bytes,
+ *      outputs; and select called a second time per step (before with another query, after with the same) changing
+ *      nothing;
+ *   4. the budget rules' errors, and byte budgets refused;
+ *   5. the oracle property on a one-layer scripted stream whose query heads share one query per GQA group: topk:B's
  *      recall of the attention mass (the share of the dense softmax over every stored position, in double) is >=
- *      quest's and blocks' at the same B, at every lane and step.
+ *      quest's, blocks' and cluster's at the same B, at every lane and step.
  * Dimensions: L layers, NH query heads, NKV kv heads, HD head_dim, T tokens. u = 2^-24, the f32 unit roundoff. */
 #include "tests/test_kv_util.h"
 
@@ -333,7 +342,332 @@ static void test_blocks(void) {
     run_blocks(8, 3, 4, 1000, 60, 60);  /* a stride past the context: the A-shape, sink + local */
 }
 
-/* ---- 3. budget rules ---- */
+/* ---- 3. cluster ---- */
+/* The stream of ties mode: every key one of three integer vectors (the seeds repeat them, so clusters of equal
+ * centroids tie exactly, in distance and in score, and every centroid stays exact in f32); values and queries as
+ * gen_stream. */
+static void gen_cluster_ties(uint64_t seed) {
+    /* no zero entry: RoPE made the identity leaves a nonzero x as it is, but turns a 0 beside y into ~1e-26·y */
+    static const float vec[3][HD] = {{2, 1, -1, 1, -1, 2, -2, 1}, {-1, 2, 1, -2, 2, -1, 1, -2},
+                                     {1, -2, 2, -1, 1, 1, 1, 2}};
+    gen_stream(seed, 0);
+    for (int t = 0; t <= MAXT; t++)
+        for (int l = 0; l < L; l++)
+            for (int g = 0; g < NKV; g++) memcpy(&K[t][l][g * HD], vec[(t * 2 + l + g) % 3], sizeof vec[0]);
+}
+
+/* The reference clustering of one lane, from the rules in policies.c (cluster): a key joins when it leaves the local
+ * window; the first K found clusters; later ones the nearest centroid (squared L2; ties to the older); a centroid is
+ * the double sum of its members, in the order they joined, over their count. ek: the largest f32 rotation error of a
+ * member per channel, mabs: the largest |member| (RoPE on). */
+typedef struct {
+    int nc, count[MAXT + 1], of[MAXT + 1];   /* clusters, members of each, the cluster of each position (-1 none) */
+    double sum[MAXT + 1][HD], ek[MAXT + 1][HD], mabs[MAXT + 1][HD];
+} ClusterRef;
+typedef struct { double s, bound, c[HD]; int id; } ClusterRank;
+static int cluster_rank_cmp(const void *a, const void *b) {   /* highest score first, the older cluster among equals */
+    const ClusterRank *x = a, *y = b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* The centroid of cluster j in double, and ec, a bound on |kvlab's f32 centroid - it| per channel: with RoPE off the
+ * sums are the same double operations on the same f32 keys, so kvlab's centroid is this one rounded to f32 and ec
+ * is that rounding, exactly; with RoPE on, the members' rotation errors, the rounding (u) and the double sum's. */
+static void ref_centroid(const ClusterRef *r, int j, int identity, double *c, double *ec) {
+    for (int d = 0; d < HD; d++) {
+        c[d] = r->sum[j][d] / r->count[j];
+        ec[d] = identity ? fabs(c[d] - (double)(float)c[d])
+                         : r->ek[j][d] + U * (fabs(c[d]) + r->ek[j][d]) + 1e-14 * r->mabs[j][d];
+    }
+}
+
+/* kvlab's cluster of lane (l, g)'s rank i (its metadata: 0 none, else 1 + the cluster) */
+static int impl_cluster(const KVCache *c, int l, int g, int i) {
+    int32_t id;
+    memcpy(&id, kv_rank_meta(&c->lanes[l * NKV + g], i, 4), 4);
+    return id - 1;
+}
+
+typedef struct { int bad_assign, amb_assign, tie_assign, amb_set, tie_set, cut; } ClusterCounts;
+
+/* The key at position p joins lane (l, g)'s reference; kvlab's choice (from its metadata) is compared, or followed
+ * where the distances are within the f32 bound of each other. */
+static void ref_join(ClusterRef *r, const KVCache *c, int K_, int l, int g, int p, int identity, ClusterCounts *cc) {
+    const float *kf = &K[p][l][g * HD];
+    double k[HD], ek[HD];
+    rot_double(kf, p, identity, k);
+    for (int d = 0; d < HD; d++) ek[d] = identity ? 0 : 3 * U * (fabs(kf[d & ~1]) + fabs(kf[d | 1]));
+    int got = impl_cluster(c, l, g, p), j = r->nc;
+    if (r->nc < K_) r->nc++;
+    else {
+        double dist[MAXT + 1], bound[MAXT + 1];
+        j = 0;
+        for (int i = 0; i < K_; i++) {
+            double cen[HD], ec[HD], d2 = 0, b = 0;
+            ref_centroid(r, i, identity, cen, ec);
+            for (int d = 0; d < HD; d++) {
+                double x = k[d] - cen[d], e = ek[d] + ec[d];
+                d2 += x * x;
+                b += 2 * fabs(x) * e + e * e;
+            }
+            /* with no error to bound, kvlab computes these very double operations: no rounding apart */
+            dist[i] = d2;
+            bound[i] = b > 0 ? b + 1e-14 * (d2 + 1) : 0;
+            if (d2 < dist[j]) j = i;
+        }
+        int amb = 0, tie = 0, got_ok = 0;
+        for (int i = 0; i < K_; i++) {
+            if (i != j && dist[i] - dist[j] <= bound[i] + bound[j]) {
+                if (bound[i] + bound[j] > 0) amb = 1;
+                else tie = 1;   /* exact: the older, j, by the rule */
+            }
+            if (i == got) got_ok = dist[i] - dist[j] <= bound[i] + bound[j];
+        }
+        cc->tie_assign += tie;
+        if (amb) { cc->amb_assign++; if (got_ok) j = got; }
+    }
+    cc->bad_assign += got != j;
+    r->count[j]++;
+    r->of[p] = j;
+    for (int d = 0; d < HD; d++) {
+        r->sum[j][d] += k[d];
+        r->ek[j][d] = ek[d] > r->ek[j][d] ? ek[d] : r->ek[j][d];
+        r->mabs[j][d] = fabs(k[d]) > r->mabs[j][d] ? fabs(k[d]) : r->mabs[j][d];
+    }
+}
+
+/* The reference read set of lane (l, g) at t: want (positions, increasing); *amb when the f32 scores may order the
+ * clusters that decide it otherwise; returns the count, and the centroids scored in *scored. */
+static int ref_cluster_read(const ClusterRef *r, int B, int S, int W, int t, int l, int g, int identity, int *want,
+                            int *amb, int *scored, ClusterCounts *cc) {
+    int n = t + 1, m = 0, n_static = 0;
+    *amb = 0;
+    *scored = 0;
+    if (n <= B) { for (int p = 0; p < n; p++) want[m++] = p; return m; }
+    for (int p = 0; p < n; p++) n_static += p < S || p > t - W;
+    double q[GROUPSZ][HD], eq[GROUPSZ][HD];
+    for (int hh = 0; hh < GROUPSZ; hh++) {   /* the query as attention rotates it: by t either way */
+        const float *qf = &Q[t][l][(g * GROUPSZ + hh) * HD];
+        rot_double(qf, t, identity, q[hh]);
+        for (int d = 0; d < HD; d++) eq[hh][d] = identity ? 0 : 3 * U * (fabs(qf[d & ~1]) + fabs(qf[d | 1]));
+    }
+    static ClusterRank cr[MAXT + 1];
+    for (int j = 0; j < r->nc; j++) {
+        double ec[HD], sum = 0, abs_sum = 0, cen_err = 0;
+        ref_centroid(r, j, identity, cr[j].c, ec);
+        for (int hh = 0; hh < GROUPSZ; hh++)
+            for (int d = 0; d < HD; d++) {
+                double x = q[hh][d] * cr[j].c[d];
+                sum += x;
+                abs_sum += fabs(x);
+                cen_err += fabs(q[hh][d]) * ec[d] + fabs(cr[j].c[d]) * eq[hh][d] + ec[d] * eq[hh][d];
+            }
+        double norm = GROUPSZ * sqrt((double)HD);
+        cr[j].id = j;
+        cr[j].s = sum / norm;
+        /* kvlab's f32: an HD-term dot (HD·u Σ|x_d|), the products, the scale (itself rounded twice), the group's sum
+           and division ((HD + 6)·u in all, relative to Σ|x_d|), plus the centroid's error (ec) and the query's
+           rotation error */
+        cr[j].bound = ((HD + 6) * U * abs_sum + cen_err) / norm;
+    }
+    *scored = r->nc;
+    qsort(cr, (size_t)r->nc, sizeof *cr, cluster_rank_cmp);
+    int take[MAXT + 1] = {0}, room = B - n_static, last = -1;
+    for (int j = 0; j < r->nc && room > 0; j++) {
+        int id = cr[j].id;
+        take[id] = r->count[id] < room ? r->count[id] : room;
+        cc->cut += take[id] < r->count[id];
+        room -= take[id];
+        last = j;
+    }
+    /* an order the f32 scores may swap across the last cluster read changes the set; equal centroids tie exactly */
+    for (int a = 0; a <= last; a++)
+        for (int b = a + 1 > last ? a + 1 : last; b < r->nc; b++) {
+            if (b == a) continue;
+            int same = !memcmp(cr[a].c, cr[b].c, sizeof cr[a].c);
+            if (same) cc->tie_set += cr[a].s == cr[b].s && b > a;
+            else if (fabs(cr[a].s - cr[b].s) <= cr[a].bound + cr[b].bound) *amb = 1;
+        }
+    for (int p = t; p >= 0; p--)   /* newest first: a cut cluster keeps its newest members */
+        if (p < S || p > t - W || take[r->of[p]]-- > 0) want[m++] = p;
+    qsort(want, (size_t)m, sizeof *want, int_cmp);
+    return m;
+}
+
+/* spec cluster:B[,k=K][,sinks=S][,local=W] (0 or -1 for S: not given, the default) over T positions (-c = T);
+ * identity: RoPE off; want_ties: the stream must bring exact ties in assignment and at the read boundary; want_cut:
+ * some query must read a cluster in part */
+static void run_cluster(int B, int K_, int S, int W, int T, int identity, int pos_cache, int want_ties, int want_cut) {
+    char spec[96];
+    int w = snprintf(spec, sizeof spec, "cluster:%d", B);
+    if (K_) w += snprintf(spec + w, sizeof spec - w, ",k=%d", K_);
+    if (S >= 0) w += snprintf(spec + w, sizeof spec - w, ",sinks=%d", S);
+    if (W) w += snprintf(spec + w, sizeof spec - w, ",local=%d", W);
+    if (pos_cache) snprintf(spec + w, sizeof spec - w, ",pos=cache");
+    if (!K_) K_ = B / 4 > 1 ? B / 4 : 1;
+    if (S < 0) S = 4;
+    if (!W) W = B / 4 > 1 ? B / 4 : 1;
+    KVShape s = sshape(T, identity);
+    KVCache c;
+    if (tcache(&c, &s, spec)) return;
+    char desc[256], want_desc[64];
+    kv_describe(&c, desc, sizeof desc);
+    snprintf(want_desc, sizeof want_desc, "k=%d sinks=%d local=%d", K_, S, W);
+    CHECK(strstr(desc, want_desc) != NULL, "%s resolves to %s (%s)", spec, want_desc, desc);
+    float out[NH * HD];
+    static ClusterRef ref[L * NKV];
+    memset(ref, 0, sizeof ref);
+    for (int i = 0; i < L * NKV; i++) for (int p = 0; p <= MAXT; p++) ref[i].of[p] = -1;
+    ClusterCounts cc = {0};
+    int bad_set = 0, bad_held = 0, bad_bytes = 0, bad_meta = 0, checked = 0, chose = 0, pos[MAXT + 1];
+    StepChecks sc = {0, 0};
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < L; l++) {
+            if (kv_append(&c, l, t, K[t][l], V[t][l])) { CHECK(0, "%s: kv_append failed at t=%d", spec, t); goto done; }
+            uint64_t before = c.bytes_read, want_bytes = 0;
+            kv_attend_cpu(&c, out, l, t, Q[t][l]);
+            for (int g = 0; g < NKV; g++) {
+                ClusterRef *r = &ref[l * NKV + g];
+                if (t - W >= S && t - W >= 0) ref_join(r, &c, K_, l, g, t - W, identity, &cc);
+                for (int p = 0; p <= t; p++)   /* not clustered: the sinks and the local window */
+                    bad_meta += (p < S || p > t - W) && impl_cluster(&c, l, g, p) != -1;
+                int want[MAXT + 1], amb, scored, m = ref_cluster_read(r, B, S, W, t, l, g, identity, want, &amb,
+                                                                       &scored, &cc);
+                want_bytes += (uint64_t)scored * VB + (uint64_t)m * 2 * VB;
+                chose += t + 1 > B;
+                int got[MAXT + 1], nr;
+                int ok = check_read(&c, t, l, g, want, m, identity, out, &sc, got, &nr);
+                checked++;
+                if (amb) cc.amb_set++;
+                else if (!ok) {
+                    if (!bad_set) {
+                        char a[512], b2[512];
+                        tprint_set(a, sizeof a, got, nr);
+                        tprint_set(b2, sizeof b2, want, m);
+                        printf("  %s: t=%d layer %d kv head %d read {%s}, reference {%s}\n", spec, t, l, g, a, b2);
+                    }
+                    bad_set++;
+                }
+                int np = kv_lane_positions(&c, l, g, pos, MAXT + 1), held = np == t + 1;
+                for (int i = 0; held && i < np; i++) held = pos[i] == i;
+                bad_held += !held;
+            }
+            bad_bytes += c.bytes_read - before != want_bytes;
+        }
+    CHECK(cc.bad_assign == 0 && bad_meta == 0, "%s: each key joins the reference's cluster when it leaves the local "
+          "window (first %d found clusters, then the nearest centroid in double, ties to the older): %d differ, %d "
+          "within the f32 bound (kvlab's choice followed), %d exact ties; sinks and local window unclustered (%d "
+          "not)", spec, K_, cc.bad_assign, cc.amb_assign, cc.tie_assign, bad_meta);
+    CHECK(bad_set == 0 && checked == T * L * NKV && chose > 0, "%s: each query reads the first %d, the %d newest and "
+          "the clusters of highest double centroid score (ties to the older), the first that does not fit cut to "
+          "its newest, %d in all, after each of %d steps (%d lane-steps, %d with a choice, %d differ, %d ambiguous "
+          "within the f32 bound and not compared, %d exact ties across the boundary, %d cuts)", spec, S, W, B, T,
+          checked, chose, bad_set, cc.amb_set, cc.tie_set, cc.cut);
+    if (want_ties)
+        CHECK(cc.tie_assign > 0 && cc.tie_set > 0, "%s: the stream's equal keys tie exactly in assignment (%d joins) "
+              "and across the read boundary (%d), where the older cluster wins", spec, cc.tie_assign, cc.tie_set);
+    if (want_cut) CHECK(cc.cut > 0, "%s: some queries read a cluster in part, its newest members (%d)", spec, cc.cut);
+    CHECK(bad_held == 0, "%s: every lane holds positions 0..t at every step (%d lane-steps differ)", spec, bad_held);
+    CHECK(bad_bytes == 0, "%s: bytes read per layer-step = the centroids scored (%d f32 each; none when every key "
+          "fits) + the keys and values read (%d layer-steps differ)", spec, HD, bad_bytes);
+    CHECK_LE(sc.max_err, OUT_TOL, "%s: each query head's output equals a double softmax over the read positions alone "
+             "(max err %.3g <= %.3g)", spec, sc.max_err, OUT_TOL);
+    CHECK(sc.bad_zero == 0, "%s: c->scores is 0 at every unread rank (%d nonzero)", spec, sc.bad_zero);
+    KVBytes kb = kv_bytes(&c);
+    KVShape s0 = sshape(T, identity);
+    KVCache f;
+    if (!tcache(&f, &s0, "full")) {
+        size_t want = kv_bytes(&f).total_alloc + (size_t)L * NKV * T * 4;
+        CHECK(kb.total_alloc == want, "%s: resident bytes = full's + 4 bytes of cluster id per slot (%zu == %zu)", spec,
+              kb.total_alloc, want);
+        kv_cache_free(&f);
+    }
+    int rc = kv_append(&c, 0, T, K[T][0], V[T][0]);
+    CHECK(kv_capacity(&c) == T && rc == -1, "%s stops at -c like full: kv_capacity %d == %d, kv_append of position %d "
+          "returns %d (want -1)", spec, kv_capacity(&c), T, T, rc);
+done:
+    kv_cache_free(&c);
+}
+
+/* select called twice per lane and step, once before the attention with another query (the next step's, as a
+ * prefetch would predict it) and once after with the step's own: the second cache reads what the first reads, with
+ * the same output bits and clusters, and the call after returns the set the attention read. RoPE off, f32: the keys
+ * attention sees are the stream's own. */
+static void run_cluster_twice(const char *spec, int T) {
+    KVShape s = sshape(T, 1);
+    KVCache a, b;
+    if (tcache(&a, &s, spec)) return;
+    if (tcache(&b, &s, spec)) { kv_cache_free(&a); return; }
+    const KVPolicyOps *ops = b.policy.ops;
+    float oa[NH * HD], ob[NH * HD], keys[(MAXT + 1) * HD];
+    int bad_out = 0, bad_again = 0, bad_meta = 0, ranks[MAXT + 1], sa[2 * MAXT + 2], sb[2 * MAXT + 2];
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < L; l++) {
+            kv_append(&a, l, t, K[t][l], V[t][l]);
+            kv_append(&b, l, t, K[t][l], V[t][l]);
+            for (int g = 0; g < NKV; g++) {
+                for (int p = 0; p <= t; p++) memcpy(keys + p * HD, &K[p][l][g * HD], sizeof(float) * HD);
+                ops->select(&b.policy, l * NKV + g, &b.lanes[l * NKV + g], t, NULL, keys,
+                            &Q[t + 1][l][g * GROUPSZ * HD], ranks, b.budget);
+            }
+            kv_attend_cpu(&a, oa, l, t, Q[t][l]);
+            kv_attend_cpu(&b, ob, l, t, Q[t][l]);
+            bad_out += memcmp(oa, ob, sizeof oa) != 0;
+            for (int g = 0; g < NKV; g++) {
+                for (int p = 0; p <= t; p++) memcpy(keys + p * HD, &K[p][l][g * HD], sizeof(float) * HD);
+                int m = ops->select(&b.policy, l * NKV + g, &b.lanes[l * NKV + g], t, NULL, keys,
+                                    &Q[t][l][g * GROUPSZ * HD], ranks, b.budget);
+                int na = kv_lane_read(&a, l, g, sa, MAXT + 1), nb = kv_lane_read(&b, l, g, sb, MAXT + 1);
+                int same = na == nb && na == m && !memcmp(sa, sb, sizeof(int) * 2 * (size_t)na);
+                for (int j = 0; same && j < m; j++) same = sb[2 * j] == ranks[j];
+                bad_again += !same;
+                for (int p = 0; p <= t; p++) bad_meta += impl_cluster(&a, l, g, p) != impl_cluster(&b, l, g, p);
+            }
+        }
+    CHECK(bad_out == 0 && bad_again == 0 && bad_meta == 0, "%s: with select called again before each step's "
+          "attention (with the next query) and after it (with its own), every query reads the same set with the same "
+          "output bits and clusters as without (%d layer-steps differ in output, %d lane-steps in the set or the "
+          "repeated call's answer, %d cluster ids)", spec, bad_out, bad_again, bad_meta);
+    /* kv_cache_reset forgets the clustering: the stream fed again reads what it read the first time */
+    static float rec[MAXT][L][NH * HD];
+    int bad_reset = 0;
+    kv_cache_reset(&a);
+    kv_cache_reset(&b);
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < L; l++) {
+            kv_append(&a, l, t, K[t][l], V[t][l]);
+            kv_attend_cpu(&a, rec[t][l], l, t, Q[t][l]);
+        }
+    kv_cache_reset(&a);
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < L; l++) {
+            kv_append(&a, l, t, K[t][l], V[t][l]);
+            kv_attend_cpu(&a, oa, l, t, Q[t][l]);
+            bad_reset += memcmp(oa, rec[t][l], sizeof oa) != 0;
+        }
+    CHECK(bad_reset == 0, "%s: after kv_cache_reset the same stream gives the same output bits (%d layer-steps "
+          "differ)", spec, bad_reset);
+    kv_cache_free(&a);
+    kv_cache_free(&b);
+}
+
+static void test_cluster(void) {
+    gen_stream(5, 0);
+    run_cluster(16, 0, -1, 0, 60, 1, 0, 0, 1);   /* defaults: k 4, sinks 4, local 4 */
+    run_cluster(16, 6, 2, 3, 60, 1, 0, 0, 1);
+    run_cluster(10, 3, 0, 1, 60, 1, 0, 0, 1);    /* no sinks, the local window the query alone */
+    run_cluster(12, 64, 2, 2, 60, 1, 0, 0, 0);   /* more clusters than keys: one key each, the top keys by score */
+    run_cluster(16, 4, -1, 0, 60, 0, 0, 0, 1);   /* RoPE on: clusters of the rotated keys */
+    run_cluster(16, 4, -1, 0, 60, 0, 1, 0, 1);   /* pos=cache: keys rotated by rank = position, the query by n-1 = t */
+    gen_cluster_ties(6);
+    run_cluster(12, 5, 1, 2, 60, 1, 0, 1, 1);
+    gen_stream(7, 0);
+    run_cluster_twice("cluster:16,k=4", 60);
+    run_cluster_twice("cluster:12,k=3,sinks=1,local=2,pos=cache", 60);
+}
+
+/* ---- 4. budget rules ---- */
 static void expect_init_error(const char *spec, const char *needle, const char *needle2) {
     KVShape s = sshape(64, 1);
     KVSpec sp;
@@ -358,9 +692,19 @@ static void test_budgets(void) {
     expect_init_error("blocks:16,stride=0", "bad stride=0", NULL);
     expect_init_error("blocks:16KiB", "blocks:256", NULL);
     expect_init_error("blocks", "needs a budget", NULL);
+    expect_init_error("cluster:5", "sinks=4 and local=1", "a budget >= 6, or fewer sinks (local=1 and sinks <= 3)");
+    expect_init_error("cluster:16,sinks=15", "sinks=15 and local=4", "fewer sinks (local=1 and sinks <= 14)");
+    expect_init_error("cluster:16,local=12", "sinks=4 and local=12", "local <= 11");
+    expect_init_error("cluster:8,sinks=4,local=4", "a budget >= 9", "local <= 3");
+    expect_init_error("cluster:16,k=0", "bad k=0", "[1, 4096]");
+    expect_init_error("cluster:16,k=5000", "bad k=5000", NULL);
+    expect_init_error("cluster:16,local=0", "bad local=0", NULL);
+    expect_init_error("cluster:1MiB", "cluster:256", NULL);
+    expect_init_error("cluster", "needs a budget", NULL);
+    expect_init_error("cluster:16,page=4", "takes no option 'page'", "k=K");
 }
 
-/* ---- 4. the oracle property ---- */
+/* ---- 5. the oracle property ---- */
 #define OT 128
 #define OL 1
 static float OK_[OT][NKV * HD], OV[OT][NKV * HD], OQ[OT][NH * HD];
@@ -386,7 +730,8 @@ static void gen_oracle(uint64_t seed) {
 static void test_oracle(void) {
     gen_oracle(7);
     const char *specs[] = {"topk:16", "quest:16,page=4", "quest:16,page=8", "blocks:16",
-                           "blocks:16,global=4,local=8,stride=8", "blocks:16,global=1,local=14,stride=1000"};
+                           "blocks:16,global=4,local=8,stride=8", "blocks:16,global=1,local=14,stride=1000",
+                           "cluster:16", "cluster:16,k=8,sinks=1,local=2", "cluster:16,k=64,sinks=0,local=1"};
     enum { NS = sizeof specs / sizeof specs[0] };
     KVShape s = tshape_norope(OL, NH, NKV, HD, OT);   /* the scores are the plain dot products the script aims */
     KVCache c[NS];
@@ -449,6 +794,7 @@ static void test_oracle(void) {
 int main(void) {
     test_quest();
     test_blocks();
+    test_cluster();
     test_budgets();
     test_oracle();
     CHECK_EXIT();

@@ -238,6 +238,8 @@ static void test_reference(void) {
         {"blocks:12,local=4,global=2,stride=3,fast=2048B,prefetch=1", 0, 0, 12, 4, 2, 3, 1},
         {"blocks:12,local=4,global=2,stride=3,fast=4096B,prefetch=1", 0, 0, 12, 4, 2, 3, 1},
         {"full,fast=2560B,prefetch=1", 0, 0, 0, 0, 0, 0, 1},
+        {"quest:12,page=3,fast=2048B", 0, 0, 0, 0, 0, 0, 0},     /* data-dependent read sets */
+        {"cluster:12,k=3,local=3,fast=2048B", 0, 0, 0, 0, 0, 0, 0},
         {"window:8,prec=f32:3/q8,fast=1024B,prefetch=1", 8, 3, 0, 0, 0, 0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i], 48);

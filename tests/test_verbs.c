@@ -539,6 +539,7 @@ static void test_clone(void) {
     run_clone("h2o:10");
     run_clone("pool:12,group=3,recent=4");
     run_clone("topk:6");
+    run_clone("cluster:12,k=3,local=3");
     /* a restore across specs is refused */
     KVShape s = vshape(MAXT, 0);
     KVCache a, b;

@@ -539,6 +539,7 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     c->policy.n_kv_heads = shape->n_kv_heads;
     c->policy.n_heads = shape->n_heads;
     c->policy.agg = spec->agg;
+    c->policy.keys_fixed = c->n_bands == 1 && !ops->evicts && !ops->prune && !ops->merge;
     c->meta_bytes = ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(&c->spec, budget) : 0;
     c->policy.meta_bytes = c->meta_bytes;
     if (ops->init && ops->init(&c->policy, &c->spec, shape, budget, err, errlen)) {
@@ -888,38 +889,66 @@ void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
     kv_attend_policy(c, l, t);
 }
 
-/* Step 3 of a selection policy (kv.h): the same loops as kv_attend_ref, over the chosen ranks only. */
+/* Scores of a lane's keys against the GQA group's rotated queries qr (group, head_dim): for j < n and i = rank[j]
+ * (rank NULL: i = j), s[hh * ld + i] = (q_hh·k_i)/√head_dim, each key decoded and rotated once (kv_lane_key) for
+ * the whole group. Each dot is the definition's in-order f32 sum over d, 0 + q_0·k_0 + q_1·k_1 + ..., then times the
+ * scale; SEL_KEYS keys go side by side (the block laid out dimension-major in kt), so the compiler can keep their
+ * independent sums in vector registers without reordering any of them (-ffp-contract=off: no fused multiply-add). */
+#define SEL_KEYS 32
+static void select_scores(float *s, size_t ld, const KVCache *c, const KVLane *ln, const int *rank, int n,
+                          const float *qr, int group) {
+    int hd = c->shape.head_dim;
+    float scale = 1.0f / sqrtf((float)hd), kx[hd], kt[hd][SEL_KEYS], acc[SEL_KEYS];
+    for (int j0 = 0; j0 < n; j0 += SEL_KEYS) {
+        int nb = n - j0 < SEL_KEYS ? n - j0 : SEL_KEYS;
+        for (int b = 0; b < SEL_KEYS; b++) {   /* a short last block is padded with zero keys, scored, never stored */
+            const float *k = b < nb ? kv_lane_key(c, ln, rank ? rank[j0 + b] : j0 + b, kx) : NULL;
+            for (int d = 0; d < hd; d++) kt[d][b] = k ? k[d] : 0;
+        }
+        for (int hh = 0; hh < group; hh++) {
+            const float *qh = qr + (size_t)hh * hd;
+            for (int b = 0; b < SEL_KEYS; b++) acc[b] = 0;
+            for (int d = 0; d < hd; d++)
+                for (int b = 0; b < SEL_KEYS; b++) acc[b] += qh[d] * kt[d][b];
+            for (int b = 0; b < nb; b++) s[(size_t)hh * ld + (rank ? rank[j0 + b] : j0 + b)] = acc[b] * scale;
+        }
+    }
+}
+
+/* Step 3 of a selection policy (kv.h): kv_attend_ref's arithmetic over the chosen ranks only. Each key and value is
+ * decoded once per lane for the group's query heads; with select_scores the score pass's scores are the chosen
+ * keys' scores too (the same dot products), so those keys are not read twice. */
 void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;
     int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv, B = c->budget;
-    float scale = 1.0f / sqrtf((float)hd), qr[group][hd], kx[hd], vx[hd];
+    float qr[group][hd], vx[hd];
     for (int g = 0; g < n_kv; g++) {
         int lane = l * n_kv + g;
         const KVLane *ln = &c->lanes[lane];
         int n = ln->n_live, *rr = c->read_rank + (size_t)g * B;
+        float *sg = c->scores + (size_t)g * group * B;   /* (group, B): the group's scores, then probabilities */
         for (int hh = 0; hh < group; hh++) {   /* the group's queries, rotated as kv_attend_ref rotates them */
             memcpy(qr[hh], q + (size_t)(g * group + hh) * hd, (size_t)hd * sizeof(float));
             kv_rope(qr[hh], s, c->spec.pos == POS_CACHE ? n - 1 : t);
         }
-        /* the scores select chooses from: the group mean of q·k_i/√head_dim over every live key */
-        if (ops->select_scores)
+        /* the scores select chooses from: every live key scored against each query head, their group mean (the
+           heads' scores summed in order, then divided) */
+        if (ops->select_scores) {
+            select_scores(sg, (size_t)B, c, ln, NULL, n, &qr[0][0], group);
             for (int i = 0; i < n; i++) {
-                const float *k = kv_lane_key(c, ln, i, kx);
                 float sum = 0;
-                for (int hh = 0; hh < group; hh++) {
-                    float dot = 0;
-                    for (int d = 0; d < hd; d++) dot += qr[hh][d] * k[d];
-                    sum += dot * scale;
-                }
+                for (int hh = 0; hh < group; hh++) sum += sg[(size_t)hh * B + i];
                 c->sel_score[i] = sum / group;
             }
-        /* the keys select chooses from (select_keys): every live key as attention sees it, row i = rank i, in this
-           kv head's share of kbuf (workspace: not a read of the cache, the policy reports its own, select_bytes) */
+        }
+        /* the keys select chooses from (select_keys): every live key as attention sees it from the rank the policy
+           asks (select_keys_from), row i = rank i, in this kv head's share of kbuf (workspace: not a read of the
+           cache, the policy reports its own, select_bytes) */
         float *keys = NULL;
         if (ops->select_keys) {
             keys = c->kbuf + (size_t)g * B * hd;
-            for (int i = 0; i < n; i++) {
+            for (int i = ops->select_keys_from ? ops->select_keys_from(&c->policy, lane, ln) : 0; i < n; i++) {
                 float *row = keys + (size_t)i * hd;
                 const float *k = kv_lane_key(c, ln, i, row);
                 if (k != row) memcpy(row, k, (size_t)hd * sizeof(float));
@@ -939,23 +968,25 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
             c->bytes_read += c->band_vb[b] + (ops->select_scores ? 0 : c->band_kb[b]);
         }
         if (ops->select_bytes) c->bytes_read += ops->select_bytes(&c->policy, lane, ln, t);
+        /* the chosen keys' scores (already there with select_scores), 0 off the chosen set */
+        if (!ops->select_scores) select_scores(sg, (size_t)B, c, ln, rr, m, &qr[0][0], group);
         for (int hh = 0; hh < group; hh++) {
-            int h = g * group + hh;
-            float *p = c->scores + (size_t)h * B, *o = out + (size_t)h * hd, mx = -INFINITY, sum = 0;
-            for (int i = 0; i < n; i++) p[i] = 0;
-            for (int j = 0; j < m; j++) {
-                const float *k = kv_lane_key(c, ln, rr[j], kx);
-                float dot = 0;
-                for (int d = 0; d < hd; d++) dot += qr[hh][d] * k[d];
-                p[rr[j]] = dot * scale;
-                mx = p[rr[j]] > mx ? p[rr[j]] : mx;
-            }
+            float *p = sg + (size_t)hh * B, mx = -INFINITY, sum = 0;
+            for (int i = 0, j = 0; i < n; i++)
+                if (j < m && rr[j] == i) { mx = p[i] > mx ? p[i] : mx; j++; }
+                else p[i] = 0;
+            /* softmax over the chosen ranks, max subtracted, sums in rank order */
             for (int j = 0; j < m; j++) { p[rr[j]] = expf(p[rr[j]] - mx); sum += p[rr[j]]; }
             for (int j = 0; j < m; j++) p[rr[j]] /= sum;
+            float *o = out + (size_t)(g * group + hh) * hd;
             for (int d = 0; d < hd; d++) o[d] = 0;
-            for (int j = 0; j < m; j++) {
-                const float *v = kv_lane_value(c, ln, rr[j], vx);
-                for (int d = 0; d < hd; d++) o[d] += p[rr[j]] * v[d];
+        }
+        /* out_h = Σ_j p_j·v_j, j in rank order, each value decoded once for the group */
+        for (int j = 0; j < m; j++) {
+            const float *v = kv_lane_value(c, ln, rr[j], vx);
+            for (int hh = 0; hh < group; hh++) {
+                float p = sg[(size_t)hh * B + rr[j]], *o = out + (size_t)(g * group + hh) * hd;
+                for (int d = 0; d < hd; d++) o[d] += p * v[d];
             }
         }
     }

@@ -226,6 +226,10 @@ typedef struct {
      * (by pos_now under pos=orig, by n_live-1 under pos=cache), always given. */
     int (*select)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, const float *score, const float *keys,
                   const float *q, int *ranks, int max);
+    /* Step 3, before select, with select_keys: the first rank whose key select needs now; kv.c fills only the rows
+     * of keys from it on (the rows below hold nothing defined). A policy that keeps what it derived from older keys
+     * while they cannot change (KVPolicy.keys_fixed: quest's page bounds) asks for the new ones only. NULL: 0. */
+    int (*select_keys_from)(const KVPolicy *p, int lane, const KVLane *ln);
     /* Step 3, after select: the bytes the policy read to make that choice (its own index, e.g. quest's page bounds),
      * beyond the chosen ranks' keys and values, which kv.c counts itself; added to bytes_read. NULL: 0. */
     uint64_t (*select_bytes)(const KVPolicy *p, int lane, const KVLane *ln, int pos_now);
@@ -249,6 +253,9 @@ struct KVPolicy {
                               query reads) */
     int prompt_len;        /* tokens of the prompt (positions 0..prompt_len-1), 0 = not known; kv_set_prompt_len */
     AggMode agg;
+    int keys_fixed;        /* 1: a live rank's key as attention sees it never changes while the lane holds it (one
+                              precision band, so no recode, and lanes that never free or merge a slot, so a rank, and
+                              under pos=cache its rotation, stays), so what a policy derives from it may be kept */
     size_t meta_bytes;     /* bytes of metadata per slot (meta_bytes_per_slot's answer) */
     const KVLane *lanes;   /* (n_lanes) the cache's lanes, for per-layer policies */
     void *state;           /* one block of state_bytes, or NULL */

@@ -131,7 +131,11 @@ void usage_policies(FILE *f) {
                "                            and residual=; residual=R with type=T is prec=f32:R/T); at most 4 bands,\n"
                "                            clipped to the lane (the last band takes what is left)\n"
                "  pos=orig|cache            RoPE by original position (default) or by rank in the cache (StreamingLLM)\n"
-               "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n");
+               "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n"
+               "\nkeys every selection policy takes:\n"
+               "  prompt=sparse|dense       sparse (default): every query selects; dense: the prompt's queries read\n"
+               "                            every token (full attention, counted as full's reads) and only the later\n"
+               "                            ones select (Quest's dense prefill); needs a prompt, so not in ppl\n");
 }
 
 static const FlagDef *flag_find(const char *a) {

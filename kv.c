@@ -305,6 +305,11 @@ const char *kv_spec_get(KVSpec *sp, const char *key) {
 
 int kv_spec_check_mode(const KVSpec *sp, const char *mode, char *err, size_t errlen) {
     const KVPolicyOps *ops = kv_policy_find(sp->name);
+    const char *pm = kv_spec_value(sp, "prompt");
+    if (pm && !strcmp(pm, "dense") && !strcmp(mode, "ppl"))
+        return errorf(err, errlen, "'%s': prompt=dense makes the prompt's queries read every token, but -m ppl has no "
+                      "prompt, so every position would select exactly as with prompt=sparse: leave it out in ppl, or "
+                      "use it in generate, chat, passkey or bench", sp->text);
     return ops && ops->check_mode ? ops->check_mode(sp, mode, err, errlen) : 0;
 }
 
@@ -456,6 +461,28 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
     return off;
 }
 
+/* prompt=dense|sparse, the key every selection policy takes (kv_query_selects acts on it): c->prompt_dense. 0, or -1
+ * + message (another family's policy, or an unknown value). */
+static int spec_prompt(KVCache *c, char *err, size_t errlen) {
+    const char *pm = kv_spec_get(&c->spec, "prompt");
+    if (!pm) return 0;
+    if (!c->policy.ops->select) {
+        char names[128] = "";
+        for (int i = 0; kv_policy_at(i); i++)
+            if (kv_policy_at(i)->select)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", *names ? ", " : "",
+                         kv_policy_at(i)->name);
+        return errorf(err, errlen, "'%s': prompt= says whether a selection policy's prompt queries read every token "
+                      "(dense) or select (sparse); %s does not select, so it takes no prompt= (the selection policies: "
+                      "%s)", c->spec.text, c->spec.name, names);
+    }
+    if (strcmp(pm, "dense") && strcmp(pm, "sparse"))
+        return errorf(err, errlen, "unknown prompt=%s in '%s'; choices: sparse (the default: every query selects), "
+                      "dense (the prompt's queries read every token, the later ones select)", pm, c->spec.text);
+    c->prompt_dense = !strcmp(pm, "dense");
+    return 0;
+}
+
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen) {
     return kv_cache_init_lanes(c, shape, spec, NULL, err, errlen);
 }
@@ -546,10 +573,12 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
         kv_cache_free(c);
         return -1;
     }
+    if (spec_prompt(c, err, errlen)) { kv_cache_free(c); return -1; }
     for (int i = 0; i < c->spec.n_params; i++)
         if (!c->spec.used[i]) {
             errorf(err, errlen, "'%s' takes no option '%s' (in '%s'); its options: %s; every policy takes "
-                   COMMON_KEYS, spec->name, c->spec.keys[i], spec->text, *ops->options ? ops->options : "none");
+                   COMMON_KEYS "%s", spec->name, c->spec.keys[i], spec->text, *ops->options ? ops->options : "none",
+                   ops->select ? "; every selection policy takes prompt" : "");
             kv_cache_free(c);
             return -1;
         }
@@ -857,7 +886,7 @@ int kv_set_backend(KVCache *c, KVBackend b) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
-    if (c->policy.ops->select) { kv_attend_select(c, out, l, t, q); return; }
+    if (kv_query_selects(c, t)) { kv_attend_select(c, out, l, t, q); return; }
     const KVShape *s = &c->shape;
     int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd), qr[hd], kx[hd], vx[hd];
@@ -997,10 +1026,13 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
 void kv_attend_policy(KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     int n_kv = c->shape.n_kv_heads, group = c->shape.n_heads / n_kv, budget = c->budget;
-    /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune); a
-       selection policy's reads were counted by kv_attend_select */
-    if (!ops->select) {
-        for (int g = 0; g < n_kv; g++) c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+    /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune), every
+       live rank for recall (kv_lane_read); a selecting query's reads were counted by kv_attend_select */
+    if (!kv_query_selects(c, t)) {
+        for (int g = 0; g < n_kv; g++) {
+            c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+            c->read_n[g] = -1;
+        }
         if (l == 0) c->steps_read++;
     }
     /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */

@@ -924,8 +924,8 @@ void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
  * scale; SEL_KEYS keys go side by side (the block laid out dimension-major in kt), so the compiler can keep their
  * independent sums in vector registers without reordering any of them (-ffp-contract=off: no fused multiply-add). */
 #define SEL_KEYS 32
-static void select_scores(float *s, size_t ld, const KVCache *c, const KVLane *ln, const int *rank, int n,
-                          const float *qr, int group) {
+static void lane_scores(float *s, size_t ld, const KVCache *c, const KVLane *ln, const int *rank, int n,
+                        const float *qr, int group) {
     int hd = c->shape.head_dim;
     float scale = 1.0f / sqrtf((float)hd), kx[hd], kt[hd][SEL_KEYS], acc[SEL_KEYS];
     for (int j0 = 0; j0 < n; j0 += SEL_KEYS) {
@@ -964,7 +964,7 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
         /* the scores select chooses from: every live key scored against each query head, their group mean (the
            heads' scores summed in order, then divided) */
         if (ops->select_scores) {
-            select_scores(sg, (size_t)B, c, ln, NULL, n, &qr[0][0], group);
+            lane_scores(sg, (size_t)B, c, ln, NULL, n, &qr[0][0], group);
             for (int i = 0; i < n; i++) {
                 float sum = 0;
                 for (int hh = 0; hh < group; hh++) sum += sg[(size_t)hh * B + i];
@@ -998,7 +998,7 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
         }
         if (ops->select_bytes) c->bytes_read += ops->select_bytes(&c->policy, lane, ln, t);
         /* the chosen keys' scores (already there with select_scores), 0 off the chosen set */
-        if (!ops->select_scores) select_scores(sg, (size_t)B, c, ln, rr, m, &qr[0][0], group);
+        if (!ops->select_scores) lane_scores(sg, (size_t)B, c, ln, rr, m, &qr[0][0], group);
         for (int hh = 0; hh < group; hh++) {
             float *p = sg + (size_t)hh * B, mx = -INFINITY, sum = 0;
             for (int i = 0, j = 0; i < n; i++)

@@ -189,9 +189,10 @@ typedef struct {
                                   key pass is counted as read */
     int select_keys;           /* 1: select is given the f32 key of every live rank as attention sees it (decoded
                                   from its band, rotated: under pos=orig by its position, under pos=cache by its
-                                  rank), (n_live, head_dim) row by row (quest builds its page bounds from them). They
-                                  are handed over so the policy can keep no copy of the vectors; they are NOT counted
-                                  as read: what the policy reads to choose it reports with select_bytes */
+                                  rank), (n_live, head_dim) row by row, from the rank select_keys_from names (quest
+                                  builds its page bounds from them). They are handed over so the policy needs no copy
+                                  of the vectors; they are NOT counted as read: what the policy reads to choose it
+                                  reports with select_bytes */
     int cross_layer;           /* 1: its decisions at layer l may depend on other layers' attention of the same token,
                                   so a chunk cannot run layer by layer: forward_chunk and -chunk fall back to token
                                   by token. 0 (every policy today): layer-local, batched evaluation is exact */
@@ -221,7 +222,8 @@ typedef struct {
     /* Step 3, select: write the ranks the query at pos_now reads (increasing, the newest rank n_live-1 among them
      * unless the policy says otherwise in its comment), at most `max`; return how many (>= 1). score (n_live): with
      * select_scores, the group mean over the GQA group's query heads of q·k_i/√head_dim for every live rank, else
-     * NULL. keys (n_live, head_dim): with select_keys, every live rank's f32 key as attention sees it, else NULL.
+     * NULL. keys (n_live, head_dim): with select_keys, every live rank's f32 key as attention sees it (the rows from
+     * select_keys_from's rank on), else NULL.
      * q (n_heads / n_kv_heads, head_dim): the GQA group's query heads at pos_now, rotated as attention rotates them
      * (by pos_now under pos=orig, by n_live-1 under pos=cache), always given. */
     int (*select)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, const float *score, const float *keys,

@@ -263,7 +263,7 @@ static void softmax_inplace(float *x, int n) {
  * At long contexts decode attention is bound by reading the cache (f32 SmolLM2 at 2,048 tokens: 92 MiB per token),
  * so every phase reads each key and value once. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
-    if (c->policy.ops->select) { kv_attend_select(c, out, l, t, q); return; }
+    if (kv_query_selects(c, t)) { kv_attend_select(c, out, l, t, q); return; }
     const KVShape *s = &c->shape;
     int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, group = nh / n_kv, budget = c->budget;
     float scale = 1.0f / sqrtf((float)hd);
@@ -334,17 +334,17 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
 /* Scratch of the chunk path, bytes at most: chunks are cut so that (tokens, n_heads, budget) probabilities fit. */
 #define KV_CHUNK_SCRATCH (64u << 20)
 
-/* How many of the next tokens of layer l can attend as one chunk: every lane has room for them (no step-1
- * eviction), the policy never frees or merges slots (no prune, no merge) nor selects, there is one precision band
- * (a token recoded into the next band changes its bits), one memory tier (the fast tier's bookkeeping follows
- * each token's store and read in turn) and attention runs on the CPU's fast backend (the reference goes token by
- * token). 0 when none can. */
-static int chunk_room(const KVCache *c, int l) {
+/* How many of the next tokens of layer l, from position t, can attend as one chunk: every lane has room for them (no
+ * step-1 eviction), the policy never frees or merges slots (no prune, no merge), none of them selects (a selection
+ * policy's prompt queries under prompt=dense read every token), there is one precision band (a token recoded into
+ * the next band changes its bits), one memory tier (the fast tier's bookkeeping follows each token's store and read
+ * in turn) and attention runs on the CPU's fast backend (the reference goes token by token). 0 when none can. */
+static int chunk_room(const KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
-    if (c->device || c->n_bands > 1 || ops->prune || ops->merge || ops->select || c->backend == KV_BACKEND_REF
-        || c->tiers)
+    if (c->device || c->n_bands > 1 || ops->prune || ops->merge || kv_query_selects(c, t)
+        || c->backend == KV_BACKEND_REF || c->tiers)
         return 0;
-    int room = c->budget;
+    int room = ops->select ? c->policy.prompt_len - t : c->budget;   /* up to the prompt's end */
     for (int g = 0; g < c->shape.n_kv_heads; g++) {
         const KVLane *ln = &c->lanes[l * c->shape.n_kv_heads + g];
         int r = ln->cap - ln->n_live;
@@ -633,7 +633,7 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
     size_t per_token = (size_t)s->n_heads * c->budget * sizeof(float);
     int most = per_token * 2 > KV_CHUNK_SCRATCH ? 1 : (int)(KV_CHUNK_SCRATCH / per_token);
     for (int t = 0; t < n;) {
-        int nt = n - t, room = chunk_room(c, l);
+        int nt = n - t, room = chunk_room(c, l, pos0 + t);
         nt = nt < room ? nt : room;
         nt = nt < most ? nt : most;
         if (nt >= 2 && !chunk_reserve(c, nt)) {

@@ -55,6 +55,10 @@ static const FlagDef FLAGS[] = {
     {"-chunk", "N", M_PPL | M_PASSKEY, "tokens per batched step, default 1 (ppl), 32 (passkey); same results"},
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
+    {"-depths", "LIST", M_PASSKEY, "the key's relative depths, comma-separated in [0,1], default 0,0.25,0.5,0.75,1"},
+    {"-lengths", "LIST", M_PASSKEY, "prompt lengths, comma-separated tokens, each <= -c, default -c/4,-c/2,-c"},
+    {"-passkey2", "N", M_PASSKEY, "1 (default): the two-turn variant after the grid, at the longest length; 0: "
+                                    "skip it"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
     {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
     {"-v", NULL, M_GEN | M_CHAT, "each prompt's token ids, and per-layer memory and policy detail"},
@@ -141,13 +145,44 @@ void usage_policies(FILE *f) {
                "                            slow one: the slots a step reads move in when missing, the least recently\n"
                "                            read leave first (split evenly over the lanes); moves and hits reported\n"
                "  prefetch=0|1              with fast=: move what the next layer's predicted query reads ahead\n"
-               "                            (InfiniGen), default 0\n");
+               "                            (InfiniGen), default 0\n"
+               "\nkeys every selection policy takes:\n"
+               "  prompt=sparse|dense       sparse (default): every query selects; dense: the prompt's queries read\n"
+               "                            every token (full attention, counted as full's reads) and only the later\n"
+               "                            ones select (Quest's dense prefill); needs a prompt, so not in ppl\n");
 }
 
 static const FlagDef *flag_find(const char *a) {
     for (int i = 0; i < N_FLAGS; i++) if (!strcmp(a, FLAGS[i].flag)) return &FLAGS[i];
     if (!strcmp(a, "--help")) return flag_find("-h");
     return NULL;
+}
+
+/* A comma-separated list of numbers in [lo, hi] (integers when `integer`), at most max of them, none twice, into out;
+ * *n how many. 0, or -1 + message naming the flag, the bad item and what it must be (`what`). */
+static int parse_list(const char *flag, const char *v, double lo, double hi, int integer, const char *what,
+                      double *out, int *n, int max, char *err, size_t errlen) {
+    *n = 0;
+    for (const char *p = v;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        double x;
+        long k;
+        if (len == 0) return errorf(err, errlen, "%s '%s' has an empty item: give %s, comma-separated", flag, v, what);
+        if (len >= sizeof item) return errorf(err, errlen, "%s '%s': '%.*s...' is not %s", flag, v, 20, p, what);
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (integer ? parse_long(item, (long)lo, (long)hi, &k) : parse_float(item, lo, hi, &x))
+            return errorf(err, errlen, "%s '%s': '%s' is not %s", flag, v, item, what);
+        if (integer) x = (double)k;
+        for (int i = 0; i < *n; i++)
+            if (out[i] == x) return errorf(err, errlen, "%s '%s': %s is given twice", flag, v, item);
+        if (*n == max) return errorf(err, errlen, "%s '%s': at most %d values", flag, v, max);
+        out[(*n)++] = x;
+        if (!comma) return 0;
+        p = comma + 1;
+    }
 }
 
 /* Store one flag's value into o. 0, or -1 + message. */
@@ -209,6 +244,19 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
             return errorf(err, errlen, "unknown -ppl-mode '%s'; modes: stream, chunked", v);
         o->ppl_mode = v;
     } else if (!strcmp(a, "-tokenlog")) { o->tokenlog = v;
+    } else if (!strcmp(a, "-depths")) {
+        return parse_list(a, v, 0, 1, 0, "a depth in [0, 1] (0: right after the instruction, 1: right before the "
+                          "question)", o->depths, &o->n_depths, MAX_PASSKEY_CELLS, err, errlen);
+    } else if (!strcmp(a, "-lengths")) {
+        double len[MAX_PASSKEY_CELLS];
+        if (parse_list(a, v, 1, 1 << 24, 1, "a token count in [1, 16777216]", len, &o->n_lengths, MAX_PASSKEY_CELLS,
+                       err, errlen))
+            return -1;
+        for (int i = 0; i < o->n_lengths; i++) o->lengths[i] = (int)len[i];
+    } else if (!strcmp(a, "-passkey2")) {
+        if (strcmp(v, "0") && strcmp(v, "1"))
+            return errorf(err, errlen, "bad -passkey2 '%s': 1 (ask the two-turn variant, the default) or 0 (skip it)", v);
+        o->passkey2 = v[0] == '1';
     } else if (!strcmp(a, "-ids")) { o->print_ids = 1;
     } else if (!strcmp(a, "-bos")) { o->add_bos = 1;
     } else if (!strcmp(a, "-v")) { o->verbose = 1;
@@ -226,6 +274,7 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     o->device = "auto";
     o->ppl_mode = "stream";
     o->link_gbs = 64;
+    o->passkey2 = 1;
     o->argc = argc;
     o->argv = argv;
     if (argc < 2) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");

@@ -10,6 +10,7 @@
 
 #define MAX_FILES 64
 #define MAX_POLICIES 32
+#define MAX_PASSKEY_CELLS 16   /* values of -depths and of -lengths */
 typedef struct {
     const char *model_path, *mode, *prompt, *system, *kvlog, *device, *out, *ppl_mode, *tokenlog;
     const char *calib;   /* -calib FILE: the text allocation by calibration (duo) chooses its lanes on */
@@ -21,6 +22,11 @@ typedef struct {
        duo's full lanes on -calib, eval_calib), or NULL: the budget for every lane. Not set by options_parse. */
     const int *kv_caps[MAX_POLICIES];
     int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, seed_set;
+    double depths[MAX_PASSKEY_CELLS];   /* -depths, in [0, 1]; n_depths 0: the default 0, .25, .5, .75, 1 */
+    int n_depths;
+    int lengths[MAX_PASSKEY_CELLS];     /* -lengths, tokens; n_lengths 0: the default -c/4, -c/2, -c */
+    int n_lengths;
+    int passkey2;                       /* -passkey2: 1 (default) asks the two-turn variant, 0 skips it */
     const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;
     double link_gbs;     /* -link: the slow tier's bandwidth, GB/s (1e9 bytes/s) */

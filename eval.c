@@ -1266,8 +1266,13 @@ int run_passkey(Model *m, const Options *o) {
     if (o->steps_set && o->steps == 0) fatal("-m passkey -n 0 leaves no token to answer with: give the answer's length "
                                              "(default 8)");
     int max_new = o->steps_set ? o->steps : 8;
-    static const double depths[] = {0.0, 0.25, 0.5, 0.75, 1.0};
-    int n_depths = 5, lens[3] = {ctx / 4, ctx / 2, ctx};
+    /* the grid: -depths (default 0, .25, .5, .75, 1) by -lengths (default -c/4, -c/2, -c) */
+    static const double default_depths[] = {0.0, 0.25, 0.5, 0.75, 1.0};
+    const double *depths = o->n_depths ? o->depths : default_depths;
+    int n_depths = o->n_depths ? o->n_depths : 5, n_lens = o->n_lengths ? o->n_lengths : 3, lens[MAX_PASSKEY_CELLS];
+    for (int li = 0; li < n_lens; li++) lens[li] = o->n_lengths ? o->lengths[li] : ctx / (1 << (2 - li));
+    int longest = 0;
+    for (int li = 0; li < n_lens; li++) longest = lens[li] > longest ? lens[li] : longest;
     int n_pol = o->n_kv ? o->n_kv : 1;
     /* tokens per filler and the fixed part, measured with the model's tokenizer */
     int *tmp = NULL;
@@ -1281,6 +1286,14 @@ int run_passkey(Model *m, const Options *o) {
     if ((ctx - fixed) / per_junk < 4)   /* not even the longest length has room for the filler the depths need */
         fatal("-m passkey -c %d is too short: the fixed text takes %d tokens and the depths need 4 fillers of %d; use "
               "-c %d or more", ctx, fixed, per_junk, fixed + 4 * per_junk);
+    for (int li = 0; li < o->n_lengths; li++) {   /* lengths given: each must fit in the cache and hold a prompt */
+        if (lens[li] > ctx)
+            fatal("-lengths: %d tokens is over -c %d, the cache of full and of the selection policies; use -c %d or a "
+                  "shorter length", lens[li], ctx, lens[li]);
+        if ((lens[li] - fixed) / per_junk < 4)
+            fatal("-lengths: %d tokens is too short: the fixed text takes %d tokens and the depths need 4 fillers of "
+                  "%d; use %d or more", lens[li], fixed, per_junk, fixed + 4 * per_junk);
+    }
     uint64_t seed = o->seed_set ? o->seed : 1, rng = seed;
     Sha256 text_sha;
     sha_init(&text_sha);
@@ -1292,8 +1305,12 @@ int run_passkey(Model *m, const Options *o) {
     pv.seed = seed;   /* the keys' seed: -s, or 1 */
     Line ln = {0};
     run_job_start();
-    fprintf(stderr, "passkey: lengths %d %d %d tokens, depths 0 .25 .5 .75 1, %d keys per cell, seed %llu\n",
-            lens[0], lens[1], lens[2], n_keys_per_cell, (unsigned long long)seed);
+    fprintf(stderr, "passkey: lengths");
+    for (int li = 0; li < n_lens; li++) fprintf(stderr, " %d", lens[li]);
+    fprintf(stderr, " tokens, depths");
+    for (int di = 0; di < n_depths; di++) fprintf(stderr, " %g", depths[di]);
+    fprintf(stderr, ", %d keys per cell, seed %llu%s\n", n_keys_per_cell, (unsigned long long)seed,
+            o->passkey2 ? "" : ", no two-turn variant (-passkey2 0)");
     char answer[512];
     int stopped = 0;   /* SIGINT/SIGTERM: the question being asked is dropped, the records so far stay */
     for (int k = 0; k < n_pol && !stopped; k++) {
@@ -1302,10 +1319,10 @@ int run_passkey(Model *m, const Options *o) {
         policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
         if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
         fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");
-        for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.2f", depths[di]);
+        for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.4g", depths[di]);
         fprintf(stderr, "\n");
         int total_ok = 0, total = 0;
-        for (int li = 0; li < 3 && !stopped; li++) {
+        for (int li = 0; li < n_lens && !stopped; li++) {
             int n_junk = (lens[li] - fixed) / per_junk;
             fprintf(stderr, "%8d", lens[li]);
             if (n_junk < 4) {   /* the instruction, key and question alone fill it: no depth to vary */
@@ -1333,7 +1350,7 @@ int run_passkey(Model *m, const Options *o) {
                     if (out.fd < 0) continue;
                     line_printf(&ln, "{\"mode\":\"passkey\",\"kv\":\"");
                     line_json_str(&ln, r.cache.spec.text);
-                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.2f,\"key\":%d,"
+                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.6g,\"key\":%d,"
                                 "\"key_pos\":%d,\"question_pos\":%d,\"fillers\":%d,", r.cache.policy.budget, lens[li], n,
                                 depths[di], key, key_pos, question_pos, n_junk);
                     json_answer(&ln, "answer", got);
@@ -1349,10 +1366,10 @@ int run_passkey(Model *m, const Options *o) {
             }
             fprintf(stderr, "\n");
         }
-        /* two turns: first key at depth 0.25, second at 0.75; one cache */
+        /* two turns (unless -passkey2 0), at the longest length: first key at depth 0.25, second at 0.75; one cache */
         int two_ok[2] = {0, 0}, two_asked = 0;
-        for (int rep = 0; rep < n_keys_per_cell && !stopped; rep++) {
-            int n_junk = (lens[2] - fixed - 40) / per_junk;
+        for (int rep = 0; rep < n_keys_per_cell && o->passkey2 && !stopped; rep++) {
+            int n_junk = (longest - fixed - 40) / per_junk;
             if (n_junk < 2) n_junk = 2;
             int keys[2] = {10000 + (int)(splitmix64(&rng) % 90000), 10000 + (int)(splitmix64(&rng) % 90000)};
             int i_pos[2] = {n_junk / 4, 3 * n_junk / 4};
@@ -1372,7 +1389,7 @@ int run_passkey(Model *m, const Options *o) {
             if (out.fd < 0) continue;
             line_printf(&ln, "{\"mode\":\"passkey2\",\"kv\":\"");
             line_json_str(&ln, r.cache.spec.text);
-            line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"keys\":[%d,%d],", r.cache.policy.budget, lens[2], keys[0],
+            line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"keys\":[%d,%d],", r.cache.policy.budget, longest, keys[0],
                         keys[1]);
             json_answer(&ln, "answer_first", a);
             line_printf(&ln, ",");
@@ -1381,9 +1398,11 @@ int run_passkey(Model *m, const Options *o) {
             json_provenance_end(&ln, &pv);
             outfile_line(&out, &ln);
         }
-        fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d%s\n",
-                r.cache.spec.text, total_ok, total, lens[2], two_ok[0], two_asked, two_ok[1], two_asked,
-                stopped ? " (stopped early)" : "");
+        if (o->passkey2)
+            fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d%s\n",
+                    r.cache.spec.text, total_ok, total, longest, two_ok[0], two_asked, two_ok[1], two_asked,
+                    stopped ? " (stopped early)" : "");
+        else fprintf(stderr, "%s: %d/%d correct%s\n", r.cache.spec.text, total_ok, total, stopped ? " (stopped early)" : "");
         policy_run_free(&r);
     }
     if (stopped) fprintf(stderr, "passkey: stopped by %s: the question being asked was dropped; every answer above "

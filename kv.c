@@ -335,6 +335,11 @@ const char *kv_spec_get(KVSpec *sp, const char *key) {
 
 int kv_spec_check_mode(const KVSpec *sp, const char *mode, char *err, size_t errlen) {
     const KVPolicyOps *ops = kv_policy_find(sp->name);
+    const char *pm = kv_spec_value(sp, "prompt");
+    if (pm && !strcmp(pm, "dense") && !strcmp(mode, "ppl"))
+        return errorf(err, errlen, "'%s': prompt=dense makes the prompt's queries read every token, but -m ppl has no "
+                      "prompt, so every position would select exactly as with prompt=sparse: leave it out in ppl, or "
+                      "use it in generate, chat, passkey or bench", sp->text);
     return ops && ops->check_mode ? ops->check_mode(sp, mode, err, errlen) : 0;
 }
 
@@ -486,6 +491,28 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
     return off;
 }
 
+/* prompt=dense|sparse, the key every selection policy takes (kv_query_selects acts on it): c->prompt_dense. 0, or -1
+ * + message (another family's policy, or an unknown value). */
+static int spec_prompt(KVCache *c, char *err, size_t errlen) {
+    const char *pm = kv_spec_get(&c->spec, "prompt");
+    if (!pm) return 0;
+    if (!c->policy.ops->select) {
+        char names[128] = "";
+        for (int i = 0; kv_policy_at(i); i++)
+            if (kv_policy_at(i)->select)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", *names ? ", " : "",
+                         kv_policy_at(i)->name);
+        return errorf(err, errlen, "'%s': prompt= says whether a selection policy's prompt queries read every token "
+                      "(dense) or select (sparse); %s does not select, so it takes no prompt= (the selection policies: "
+                      "%s)", c->spec.text, c->spec.name, names);
+    }
+    if (strcmp(pm, "dense") && strcmp(pm, "sparse"))
+        return errorf(err, errlen, "unknown prompt=%s in '%s'; choices: sparse (the default: every query selects), "
+                      "dense (the prompt's queries read every token, the later ones select)", pm, c->spec.text);
+    c->prompt_dense = !strcmp(pm, "dense");
+    return 0;
+}
+
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen) {
     return kv_cache_init_lanes(c, shape, spec, NULL, err, errlen);
 }
@@ -569,16 +596,19 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     c->policy.n_kv_heads = shape->n_kv_heads;
     c->policy.n_heads = shape->n_heads;
     c->policy.agg = spec->agg;
+    c->policy.keys_fixed = c->n_bands == 1 && !ops->evicts && !ops->prune && !ops->merge;
     c->meta_bytes = ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(&c->spec, budget) : 0;
     c->policy.meta_bytes = c->meta_bytes;
     if (ops->init && ops->init(&c->policy, &c->spec, shape, budget, err, errlen)) {
         kv_cache_free(c);
         return -1;
     }
+    if (spec_prompt(c, err, errlen)) { kv_cache_free(c); return -1; }
     for (int i = 0; i < c->spec.n_params; i++)
         if (!c->spec.used[i]) {
             errorf(err, errlen, "'%s' takes no option '%s' (in '%s'); its options: %s; every policy takes "
-                   COMMON_KEYS, spec->name, c->spec.keys[i], spec->text, *ops->options ? ops->options : "none");
+                   COMMON_KEYS "%s", spec->name, c->spec.keys[i], spec->text, *ops->options ? ops->options : "none",
+                   ops->select ? "; every selection policy takes prompt" : "");
             kv_cache_free(c);
             return -1;
         }
@@ -895,7 +925,7 @@ int kv_set_backend(KVCache *c, KVBackend b) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
-    if (c->policy.ops->select) { kv_attend_select(c, out, l, t, q); return; }
+    if (kv_query_selects(c, t)) { kv_attend_select(c, out, l, t, q); return; }
     const KVShape *s = &c->shape;
     int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd), qr[hd], kx[hd], vx[hd];
@@ -927,64 +957,89 @@ void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q) {
     kv_attend_policy(c, l, t);
 }
 
+/* Scores of a lane's keys against the GQA group's rotated queries qr (group, head_dim): for j < n and i = rank[j]
+ * (rank NULL: i = j), s[hh * ld + i] = (q_hh·k_i)/√head_dim, each key decoded and rotated once (kv_lane_key) for
+ * the whole group. Each dot is the definition's in-order f32 sum over d, 0 + q_0·k_0 + q_1·k_1 + ..., then times the
+ * scale; SEL_KEYS keys go side by side (the block laid out dimension-major in kt), so the compiler can keep their
+ * independent sums in vector registers without reordering any of them (-ffp-contract=off: no fused multiply-add). */
+#define SEL_KEYS 32
+static void lane_scores(float *s, size_t ld, const KVCache *c, const KVLane *ln, const int *rank, int n,
+                        const float *qr, int group) {
+    int hd = c->shape.head_dim;
+    float scale = 1.0f / sqrtf((float)hd), kx[hd], kt[hd][SEL_KEYS], acc[SEL_KEYS];
+    for (int j0 = 0; j0 < n; j0 += SEL_KEYS) {
+        int nb = n - j0 < SEL_KEYS ? n - j0 : SEL_KEYS;
+        for (int b = 0; b < SEL_KEYS; b++) {   /* a short last block is padded with zero keys, scored, never stored */
+            const float *k = b < nb ? kv_lane_key(c, ln, rank ? rank[j0 + b] : j0 + b, kx) : NULL;
+            for (int d = 0; d < hd; d++) kt[d][b] = k ? k[d] : 0;
+        }
+        for (int hh = 0; hh < group; hh++) {
+            const float *qh = qr + (size_t)hh * hd;
+            for (int b = 0; b < SEL_KEYS; b++) acc[b] = 0;
+            for (int d = 0; d < hd; d++)
+                for (int b = 0; b < SEL_KEYS; b++) acc[b] += qh[d] * kt[d][b];
+            for (int b = 0; b < nb; b++) s[(size_t)hh * ld + (rank ? rank[j0 + b] : j0 + b)] = acc[b] * scale;
+        }
+    }
+}
+
 /* The ranks a query of lane (l, g) reads, as its selection policy chooses them: the group's queries q (group,
- * head_dim, before RoPE) rotated by position or rank `rot` into qr (group, head_dim), the scores (sel_score) or keys
- * (this kv head's share of kbuf) the policy asks for, then select(pos_now); its answer checked. Returns m, ranks in
- * rr (increasing). */
-static int select_ranks(KVCache *c, int l, int g, int pos_now, int rot, const float *q, float *qr, int *rr) {
+ * head_dim, before RoPE) rotated by position or rank `rot` into qr (group, head_dim); with select_scores every live
+ * key's score against each query head into sg (group rows of c->budget) and their group mean into sel_score (the
+ * heads' scores summed in order, then divided); with select_keys every live key as attention sees it, from the rank
+ * the policy asks (select_keys_from), into this kv head's share of kbuf, row i = rank i (workspace: not a read of the
+ * cache, the policy reports its own, select_bytes); then select(pos_now), its answer checked. Returns m, the ranks in
+ * rr (increasing). kv_attend_select attends over them; kv_prefetch asks it what a predicted query would read. */
+static int select_ranks(KVCache *c, int l, int g, int pos_now, int rot, const float *q, float *qr, float *sg,
+                        int *rr) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;
-    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, lane = l * s->n_kv_heads + g;
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, lane = l * s->n_kv_heads + g, B = c->budget;
     const KVLane *ln = &c->lanes[lane];
     int n = ln->n_live;
-    float scale = 1.0f / sqrtf((float)hd), kx[hd];
     for (int hh = 0; hh < group; hh++) {   /* the group's queries, rotated as kv_attend_ref rotates them */
         memcpy(qr + (size_t)hh * hd, q + (size_t)hh * hd, (size_t)hd * sizeof(float));
         kv_rope(qr + (size_t)hh * hd, s, rot);
     }
-    /* the scores select chooses from: the group mean of q·k_i/√head_dim over every live key */
-    if (ops->select_scores)
+    if (ops->select_scores) {
+        lane_scores(sg, (size_t)B, c, ln, NULL, n, qr, group);
         for (int i = 0; i < n; i++) {
-            const float *k = kv_lane_key(c, ln, i, kx);
             float sum = 0;
-            for (int hh = 0; hh < group; hh++) {
-                float dot = 0;
-                for (int d = 0; d < hd; d++) dot += qr[(size_t)hh * hd + d] * k[d];
-                sum += dot * scale;
-            }
+            for (int hh = 0; hh < group; hh++) sum += sg[(size_t)hh * B + i];
             c->sel_score[i] = sum / group;
         }
-    /* the keys select chooses from (select_keys): every live key as attention sees it, row i = rank i, in this
-       kv head's share of kbuf (workspace: not a read of the cache, the policy reports its own, select_bytes) */
+    }
     float *keys = NULL;
     if (ops->select_keys) {
-        keys = c->kbuf + (size_t)g * c->budget * hd;
-        for (int i = 0; i < n; i++) {
+        keys = c->kbuf + (size_t)g * B * hd;
+        for (int i = ops->select_keys_from ? ops->select_keys_from(&c->policy, lane, ln) : 0; i < n; i++) {
             float *row = keys + (size_t)i * hd;
             const float *k = kv_lane_key(c, ln, i, row);
             if (k != row) memcpy(row, k, (size_t)hd * sizeof(float));
         }
     }
-    int m = ops->select(&c->policy, lane, ln, pos_now, ops->select_scores ? c->sel_score : NULL, keys, qr, rr,
-                        c->budget);
+    int m = ops->select(&c->policy, lane, ln, pos_now, ops->select_scores ? c->sel_score : NULL, keys, qr, rr, B);
     if (m < 1 || m > n) policy_bug(c, "select", l, g, m, n);
     for (int j = 0; j < m; j++)
         if (rr[j] < 0 || rr[j] >= n || (j && rr[j] <= rr[j - 1])) policy_bug(c, "select", l, g, rr[j], n);
     return m;
 }
 
-/* Step 3 of a selection policy (kv.h): the same loops as kv_attend_ref, over the chosen ranks only. */
+/* Step 3 of a selection policy (kv.h): kv_attend_ref's arithmetic over the chosen ranks only. Each key and value is
+ * decoded once per lane for the group's query heads; with select_scores the score pass's scores are the chosen
+ * keys' scores too (the same dot products), so those keys are not read twice. */
 void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;
     int hd = s->head_dim, n_kv = s->n_kv_heads, group = s->n_heads / n_kv, B = c->budget;
-    float scale = 1.0f / sqrtf((float)hd), qr[group][hd], kx[hd], vx[hd];
+    float qr[group][hd], vx[hd];
     for (int g = 0; g < n_kv; g++) {
         int lane = l * n_kv + g;
         const KVLane *ln = &c->lanes[lane];
         int n = ln->n_live, *rr = c->read_rank + (size_t)g * B;
+        float *sg = c->scores + (size_t)g * group * B;   /* (group, B): the group's scores, then probabilities */
         int m = select_ranks(c, l, g, t, c->spec.pos == POS_CACHE ? n - 1 : t, q + (size_t)g * group * hd, &qr[0][0],
-                             rr);
+                             sg, rr);
         c->read_n[g] = m;
         kv_tier_read(c, lane, rr, m);
         /* bytes read: every key scored to choose (select_scores) or the chosen keys, the chosen values, and what the
@@ -998,23 +1053,25 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
         c->keys_scanned += (uint64_t)(ops->select_scores ? n : m);
         if (ops->select_scanned) c->keys_scanned += ops->select_scanned(&c->policy, lane, ln, t);
         c->slots_read += (uint64_t)m;
+        /* the chosen keys' scores (already there with select_scores), 0 off the chosen set */
+        if (!ops->select_scores) lane_scores(sg, (size_t)B, c, ln, rr, m, &qr[0][0], group);
         for (int hh = 0; hh < group; hh++) {
-            int h = g * group + hh;
-            float *p = c->scores + (size_t)h * B, *o = out + (size_t)h * hd, mx = -INFINITY, sum = 0;
-            for (int i = 0; i < n; i++) p[i] = 0;
-            for (int j = 0; j < m; j++) {
-                const float *k = kv_lane_key(c, ln, rr[j], kx);
-                float dot = 0;
-                for (int d = 0; d < hd; d++) dot += qr[hh][d] * k[d];
-                p[rr[j]] = dot * scale;
-                mx = p[rr[j]] > mx ? p[rr[j]] : mx;
-            }
+            float *p = sg + (size_t)hh * B, mx = -INFINITY, sum = 0;
+            for (int i = 0, j = 0; i < n; i++)
+                if (j < m && rr[j] == i) { mx = p[i] > mx ? p[i] : mx; j++; }
+                else p[i] = 0;
+            /* softmax over the chosen ranks, max subtracted, sums in rank order */
             for (int j = 0; j < m; j++) { p[rr[j]] = expf(p[rr[j]] - mx); sum += p[rr[j]]; }
             for (int j = 0; j < m; j++) p[rr[j]] /= sum;
+            float *o = out + (size_t)(g * group + hh) * hd;
             for (int d = 0; d < hd; d++) o[d] = 0;
-            for (int j = 0; j < m; j++) {
-                const float *v = kv_lane_value(c, ln, rr[j], vx);
-                for (int d = 0; d < hd; d++) o[d] += p[rr[j]] * v[d];
+        }
+        /* out_h = Σ_j p_j·v_j, j in rank order, each value decoded once for the group */
+        for (int j = 0; j < m; j++) {
+            const float *v = kv_lane_value(c, ln, rr[j], vx);
+            for (int hh = 0; hh < group; hh++) {
+                float p = sg[(size_t)hh * B + rr[j]], *o = out + (size_t)(g * group + hh) * hd;
+                for (int d = 0; d < hd; d++) o[d] += p * v[d];
             }
         }
     }
@@ -1035,11 +1092,13 @@ void kv_prefetch(KVCache *c, int l, int t, const float *q) {
         const KVLane *ln = &c->lanes[lane];
         int n = ln->n_live;
         if (n == 0) continue;
-        if (!ops->select) { kv_tier_prefetch_ranks(c, lane, NULL, n); continue; }
+        if (!kv_query_selects(c, t)) { kv_tier_prefetch_ranks(c, lane, NULL, n); continue; }
         /* the predicted query as the newest stored token's own: select at pos_now t-1 over the live ranks, the
            query rotated where token t's will be (position t, or rank n under pos=cache) */
         int *rr = c->victim_buf;
-        int m = select_ranks(c, l, g, t - 1, c->spec.pos == POS_CACHE ? n : t, q + (size_t)g * group * hd, qr, rr);
+        float *sg = c->scores + (size_t)g * group * c->budget;   /* scratch: this step's scores come later */
+        int m = select_ranks(c, l, g, t - 1, c->spec.pos == POS_CACHE ? n : t, q + (size_t)g * group * hd, qr, sg,
+                             rr);
         for (int i = 0; ops->select_scores && i < n; i++)
             c->tier.predict_bytes += c->band_kb[kv_slot_band(ln, ln->live[i])];
         if (ops->select_bytes) c->tier.predict_bytes += ops->select_bytes(&c->policy, lane, ln, t - 1);
@@ -1050,11 +1109,12 @@ void kv_prefetch(KVCache *c, int l, int t, const float *q) {
 void kv_attend_policy(KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     int n_kv = c->shape.n_kv_heads, group = c->shape.n_heads / n_kv, budget = c->budget;
-    /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune); a
-       selection policy's reads were counted by kv_attend_select */
-    if (!ops->select) {
+    /* what this token's attention at layer l read: every live slot of the layer's lanes (before any prune), every
+       live rank for recall (kv_lane_read); a selecting query's reads were counted by kv_attend_select */
+    if (!kv_query_selects(c, t)) {
         for (int g = 0; g < n_kv; g++) {
             c->bytes_read += lane_bytes(c, &c->lanes[l * n_kv + g]).vec_live;
+            c->read_n[g] = -1;
             c->keys_scanned += (uint64_t)c->lanes[l * n_kv + g].n_live;
             c->slots_read += (uint64_t)c->lanes[l * n_kv + g].n_live;
             kv_tier_read(c, l * n_kv + g, NULL, c->lanes[l * n_kv + g].n_live);

@@ -123,8 +123,8 @@ int kv_spec_parse(KVSpec *spec, const char *text, KVType default_type, char *err
 /* The value of a policy key, or NULL; kv_spec_get marks the key as read, kv_spec_value does not. */
 const char *kv_spec_get(KVSpec *spec, const char *key);
 const char *kv_spec_value(const KVSpec *spec, const char *key);
-/* Checks a spec against the run mode ("generate", "chat", "ppl", "passkey", "bench") by asking its policy
- * (check_mode: snapkv needs prefill=P in ppl mode, which has no prompt). 0, or -1 + message. */
+/* Checks a spec against the run mode ("generate", "chat", "ppl", "passkey", "bench"): prompt=dense needs a prompt,
+ * which ppl has not; then its policy's check_mode (snapkv needs prefill=P in ppl). 0, or -1 + message. */
 int kv_spec_check_mode(const KVSpec *spec, const char *mode, char *err, size_t errlen);
 /* Parse a storage type name; -1 if unknown. */
 int kv_type_parse(const char *s);
@@ -193,9 +193,10 @@ typedef struct {
                                   key pass is counted as read */
     int select_keys;           /* 1: select is given the f32 key of every live rank as attention sees it (decoded
                                   from its band, rotated: under pos=orig by its position, under pos=cache by its
-                                  rank), (n_live, head_dim) row by row (quest builds its page bounds from them). They
-                                  are handed over so the policy can keep no copy of the vectors; they are NOT counted
-                                  as read: what the policy reads to choose it reports with select_bytes */
+                                  rank), (n_live, head_dim) row by row, from the rank select_keys_from names (quest
+                                  builds its page bounds from them). They are handed over so the policy needs no copy
+                                  of the vectors; they are NOT counted as read: what the policy reads to choose it
+                                  reports with select_bytes */
     int cross_layer;           /* 1: its decisions at layer l may depend on other layers' attention of the same token,
                                   so a chunk cannot run layer by layer: forward_chunk and -chunk fall back to token
                                   by token. 0 (every policy today): layer-local, batched evaluation is exact */
@@ -225,11 +226,16 @@ typedef struct {
     /* Step 3, select: write the ranks the query at pos_now reads (increasing, the newest rank n_live-1 among them
      * unless the policy says otherwise in its comment), at most `max`; return how many (>= 1). score (n_live): with
      * select_scores, the group mean over the GQA group's query heads of q·k_i/√head_dim for every live rank, else
-     * NULL. keys (n_live, head_dim): with select_keys, every live rank's f32 key as attention sees it, else NULL.
+     * NULL. keys (n_live, head_dim): with select_keys, every live rank's f32 key as attention sees it (the rows from
+     * select_keys_from's rank on), else NULL.
      * q (n_heads / n_kv_heads, head_dim): the GQA group's query heads at pos_now, rotated as attention rotates them
      * (by pos_now under pos=orig, by n_live-1 under pos=cache), always given. */
     int (*select)(KVPolicy *p, int lane, const KVLane *ln, int pos_now, const float *score, const float *keys,
                   const float *q, int *ranks, int max);
+    /* Step 3, before select, with select_keys: the first rank whose key select needs now; kv.c fills only the rows
+     * of keys from it on (the rows below hold nothing defined). A policy that keeps what it derived from older keys
+     * while they cannot change (KVPolicy.keys_fixed: quest's page bounds) asks for the new ones only. NULL: 0. */
+    int (*select_keys_from)(const KVPolicy *p, int lane, const KVLane *ln);
     /* Step 3, after select: the bytes the policy read to make that choice (its own index, e.g. quest's page bounds),
      * beyond the chosen ranks' keys and values, which kv.c counts itself; added to bytes_read. NULL: 0. */
     uint64_t (*select_bytes)(const KVPolicy *p, int lane, const KVLane *ln, int pos_now);
@@ -264,6 +270,9 @@ struct KVPolicy {
                               query reads) */
     int prompt_len;        /* tokens of the prompt (positions 0..prompt_len-1), 0 = not known; kv_set_prompt_len */
     AggMode agg;
+    int keys_fixed;        /* 1: a live rank's key as attention sees it never changes while the lane holds it (one
+                              precision band, so no recode, and lanes that never free or merge a slot, so a rank, and
+                              under pos=cache its rotation, stays), so what a policy derives from it may be kept */
     size_t meta_bytes;     /* bytes of metadata per slot (meta_bytes_per_slot's answer) */
     const KVLane *lanes;   /* (n_lanes) the cache's lanes, for per-layer policies */
     void *state;           /* one block of state_bytes, or NULL */
@@ -354,6 +363,8 @@ struct KVCache {
     size_t k_bytes, v_bytes; /* bytes of one key / value vector of the last band (the base type) */
     size_t meta_bytes;       /* bytes of policy metadata per slot */
     int merges;              /* 1: the policy merges: lanes keep pos0 */
+    int prompt_dense;        /* 1: prompt=dense (selection policies): queries before the prompt's end read every
+                                token through the ordinary attention, later ones select (kv_set_prompt_len) */
     KVLane *lanes;           /* (n_layers * n_kv_heads) */
     uint8_t *arena;          /* one allocation for every lane array */
     size_t arena_bytes;
@@ -424,10 +435,12 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
 /* Forget every token (between documents): all lanes empty, policy state reset, the prompt length back to prefill=.
  * Peaks (KVLane.peak_live, kv_bytes().peak_live) and n_evictions are kept: they count since kv_cache_init. */
 void kv_cache_reset(KVCache *c);
-/* Tell a prompt-end policy (snapkv) that positions 0..n_tokens-1 are the prompt. Call it before feeding position 0
- * (generate, chat, passkey); the compression then happens right after the attention of position n_tokens-1, from
- * the attention of the last obs prompt queries, which the policy gathers as they pass. It compresses once per
- * document: a later call (a second chat turn) is ignored until kv_cache_reset. Other policies ignore it. */
+/* Tell the cache that positions 0..n_tokens-1 are the prompt. Call it before feeding the prompt's first token
+ * (generate, chat and bench at each prompt, passkey per question). A prompt-end policy (snapkv) compresses right
+ * after the attention of position n_tokens-1, from the attention of the last obs prompt queries, which it gathers as
+ * they pass, once per document: a later call (a second chat turn) does not compress again until kv_cache_reset. A
+ * selection policy with prompt=dense reads every token for the queries at positions < n_tokens (Quest's dense
+ * prefill) and selects for the later ones. Other policies ignore it. */
 void kv_set_prompt_len(KVCache *c, int n_tokens);
 
 /* Steps 1 and 2 for every lane of layer l: merge what the policy merges, evict if full, then store the token at
@@ -449,16 +462,20 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * beyond what the compiler does without reassociating, no threads, so its bits are those of its C on any build. It
  * is slow (each key decoded once per query head) and not bit-identical to the fast paths, which agree with it within
  * a bound derived from f32 rounding over head_dim and n (tests/attn_ref_check.h). As kv_attend_cpu, it leaves p_i of
- * query head h in c->scores[h * budget + i] and ends with step 4 (kv_attend_policy). A selection policy (select)
- * goes through kv_attend_select instead, on every backend. No errors: n >= 1 (the token itself is live). */
+ * query head h in c->scores[h * budget + i] and ends with step 4 (kv_attend_policy). A selection policy's query
+ * goes through kv_attend_select instead, on every backend, but for the prompt's queries under prompt=dense, which
+ * read every live slot as here. No errors: n >= 1 (the token itself is live). */
 void kv_attend_ref(KVCache *c, float *out, int l, int t, const float *q);
 /* Steps 3 and 4 of a selection policy, by definition and for every backend: for each lane, the group-mean scores of
- * every live key (when the policy asks for them, select_scores) and every live key as attention sees it (when it
- * asks for them, select_keys), the group's rotated queries, the policy's chosen ranks S; then each query head of
- * the group attends over S alone exactly as kv_attend_ref does over all ranks (probabilities 0 off S, in c->scores),
- * and step 4 (the read set stays in c->read_rank for recall: kv_lane_read). Bytes read per lane: every live key
- * with select_scores, else the keys of S; the values of S; plus the policy's select_bytes (keys handed over by
- * select_keys are not counted). */
+ * every live key (when the policy asks for them, select_scores) and every live key as attention sees it from the
+ * rank it asks (select_keys, select_keys_from), the group's rotated queries, the policy's chosen ranks S; then each
+ * query head of the group attends over S alone with kv_attend_ref's arithmetic over all ranks (probabilities 0 off
+ * S, in c->scores), and step 4 (the read set stays in c->read_rank for recall: kv_lane_read). Each key and value is
+ * decoded once per lane (not once per query head), and a key scored for select_scores is not scored again: the
+ * same dot products, so the same bits. Bytes read per lane: every live key with select_scores, else the keys of S;
+ * the values of S; plus the policy's select_bytes (keys handed over by select_keys are not counted). Under
+ * prompt=dense the prompt's queries do not come here (kv_attend_ref, kv_attend_cpu, kv_attend_chunk attend them
+ * over every token, counted as full's). */
 void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q);
 /* Steps 3 and 4 as kv_attend_ref defines them, fast (attn_cpu.c): the same contract and outputs within the bound of
  * tests/attn_ref_check.h; the probabilities of query head h stay in c->scores[h * budget + i] (rank i). Lanes run in
@@ -472,8 +489,9 @@ typedef void (*KVAttnHook)(void *ctx, int l, const KVCache *c, int pos);
  * each token's step 4: the same bits as kv_append + kv_attend_cpu + hook token by token, for any n and thread count.
  * The forward pass's CPU entry point (run.c, forward_layer). q, out: (n, n_heads * head_dim); k, v: (n, n_kv_heads *
  * head_dim), before RoPE. While no slot of the layer can be freed or moved (every lane has room, no prune, merge or
- * select, one band, CPU attention, the fast backend) step 3 runs for the whole chunk at once, reading each key and value once per chunk
- * instead of once per token. With c->backend KV_BACKEND_REF it is kv_append + kv_attend_ref + hook token by token.
+ * selecting query (a selection policy's prompt under prompt=dense is read densely), one band, CPU attention, the
+ * fast backend) step 3 runs for the whole chunk at once, reading each key and value once per chunk instead of once
+ * per token. With c->backend KV_BACKEND_REF it is kv_append + kv_attend_ref + hook token by token.
  * Not reentrant: its large scratch is shared by every cache of the process (call it for one cache at a time).
  * Returns 0, or -1 as kv_append. */
 int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,

@@ -15,6 +15,13 @@ void kv_rope_apply(float *x, const KVShape *s, const float *cs);
 /* The cos, sin table of position t, computed once per step and shared by every layer, key and query (kv.c). */
 const float *kv_rope_at(KVCache *c, int t);
 
+/* 1 when the query at position t reads the set its selection policy chooses (kv_attend_select), 0 when it reads
+ * every live token through the ordinary attention: any other policy, and under prompt=dense the prompt's queries
+ * (positions before kv_set_prompt_len's end). */
+static inline int kv_query_selects(const KVCache *c, int t) {
+    return c->policy.ops->select && !(c->prompt_dense && t < c->policy.prompt_len);
+}
+
 /* Keys per work item of attention's score phase (kv_attend_cpu, kv_attend_chunk): small enough to balance the lanes
  * over the threads, large enough that an item's cost dwarfs handing it out. */
 #define KV_KEY_BLOCK 64

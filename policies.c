@@ -765,38 +765,46 @@ static const KVPolicyOps policy_pool = {
  * stores every token up to -c like `full`; each query reads the B live keys with the highest exact score, the group
  * mean over the GQA group's query heads of q·k/√head_dim (one set per lane), nothing forced in: not the sinks, not
  * the current token. Ties go to the older token. Bytes read per step count the full score pass (every key) and the B
- * values. No metadata; its state is scratch for the sort.
+ * values. No metadata, no state.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct { float score; int rank; } TopkCand;
-typedef struct { int cap; TopkCand cand[]; /* (cap) */ } TopkState;
-
-static int topk_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
-    int cap = shape->seq_len > budget ? shape->seq_len : budget;
-    TopkState *st = state_new(p, sizeof *st + (size_t)cap * sizeof(TopkCand));
-    if (!st) return errorf(err, errlen, "out of memory");
-    st->cap = cap;
-    return 0;
+/* The k best of n scores (1 <= k <= n) into idx, in increasing index order: best is the highest score, the lower
+ * index among equals, a total order, so the set is unique and any exact method finds the same one (topk and quest
+ * break their ties this way). One pass keeps the k best seen so far in a heap (in idx) whose root is the worst of
+ * them, so a candidate that loses to the root costs one comparison: O(n log k) at worst, about O(n) on real scores;
+ * a second pass writes, in index order, the k indices that do not lose to that root (the k-th best). */
+static int top_worse(const float *score, int a, int b) {   /* a ranks below b */
+    return score[a] < score[b] || (score[a] == score[b] && a > b);
 }
-
-static int topk_cmp(const void *a, const void *b) {
-    const TopkCand *x = a, *y = b;
-    if (x->score != y->score) return x->score > y->score ? -1 : 1;   /* highest score first ... */
-    return x->rank - y->rank;                                         /* ... and among equals the oldest */
+static void top_sift(int *heap, int k, int j, const float *score) {
+    for (;;) {
+        int w = j, a = 2 * j + 1, b = a + 1;
+        if (a < k && top_worse(score, heap[a], heap[w])) w = a;
+        if (b < k && top_worse(score, heap[b], heap[w])) w = b;
+        if (w == j) return;
+        int x = heap[j];
+        heap[j] = heap[w];
+        heap[w] = x;
+        j = w;
+    }
 }
-static int int_cmp(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+static int top_k(int *idx, const float *score, int n, int k) {
+    for (int j = 0; j < k; j++) idx[j] = j;
+    for (int j = k / 2 - 1; j >= 0; j--) top_sift(idx, k, j, score);
+    for (int i = k; i < n; i++)
+        if (top_worse(score, idx[0], i)) { idx[0] = i; top_sift(idx, k, 0, score); }
+    int m = 0, kth = idx[0];
+    for (int i = 0; i < n && m < k; i++)
+        if (!top_worse(score, i, kth)) idx[m++] = i;
+    return m;
+}
 
 static int topk_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
                        const float *q, int *ranks, int max) {
-    TopkState *st = p->state;
     int n = ln->n_live, k = p->budget < n ? p->budget : n;
     if (k > max) k = max;
     if (k == n) { for (int i = 0; i < n; i++) ranks[i] = i; return n; }
-    for (int i = 0; i < n; i++) st->cand[i] = (TopkCand){score[i], i};
-    qsort(st->cand, (size_t)n, sizeof *st->cand, topk_cmp);
-    for (int j = 0; j < k; j++) ranks[j] = st->cand[j].rank;
-    qsort(ranks, (size_t)k, sizeof *ranks, int_cmp);
-    return k;
+    return top_k(ranks, score, n, k);
 }
 
 static const KVPolicyOps policy_topk = {
@@ -806,7 +814,7 @@ static const KVPolicyOps policy_topk = {
              "arXiv:2406.10774, section 3)",
     .summary = "topk:B stores every token; each query reads the B keys with the highest exact scores (oracle)",
     .options = "", .reason = "none", .needs_budget = 1, .evicts = 0, .grows = 1, .select_scores = 1,
-    .init = topk_init, .select = topk_select,
+    .select = topk_select,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -820,33 +828,49 @@ static const KVPolicyOps policy_topk = {
  * so that at least one is chosen): always the page holding the newest token (the query's own, partial or not), and
  * of the other pages those with the highest score, ties to the older page; when every page fits, all of them. So a
  * query reads at most B tokens, and fewer while the newest page is partial.
- * How it sees keys: the flag select_keys (kv.h), with which kv_attend_select hands over every live key decoded and
- * rotated, and the bounds are rebuilt from them at each step. We chose that over bounds kept in the state from keys
- * passed on insert because it is correct with nothing more: a key recoded by prec= into a coarser form, or rotated
- * by its rank under pos=cache, is bounded as attention sees it now, and no state grows with the context. The price
- * is simulation time (O(n · head_dim) per lane and step), not modelled bytes.
+ * How it sees keys: the flag select_keys (kv.h), with which kv_attend_select hands over the live keys decoded and
+ * rotated, as attention sees them now, and the bounds are built from them. While those keys cannot change
+ * (KVPolicy.keys_fixed: one precision band, and a selection lane never frees a slot, so under pos=cache a rank's
+ * rotation is fixed too) a full page's bounds are kept in the state and only the keys of pages not yet bounded are
+ * asked for (select_keys_from); otherwise (prec=: a token recoded into a coarser form) every bound is rebuilt at
+ * each step from every key. Minimum and maximum are exact, so kept and rebuilt bounds are the same bits. We chose
+ * that over bounds built from keys passed on insert because it is correct with nothing more: a key is bounded as
+ * attention sees it at the step that reads the bound. The price is simulation memory (2 · head_dim f32 per page
+ * and lane) and, with prec=, time (O(n · head_dim) per lane and step), not modelled bytes.
  * Bytes read per step (select_bytes): the bounds of every page it scores, 2 · head_dim f32 each (every page but the
  * newest, which it reads anyway; none when every page fits), plus, counted by kv.c, the keys and values of the
  * pages it reads; the keys handed over to build the bounds are not counted. The bounds are not counted as resident
  * bytes (meta_bytes_per_slot is not told head_dim): they would add 2 · head_dim · 4 / P bytes per token.
  * Scores in f32, d in order, the group's sum in order then divided, as kv_attend_select scores keys for topk. Every
  * layer selects (the paper keeps its first two layers dense). Default P = 16, the paper's page size. No metadata;
- * its state is scratch for the page scores and their sort.
+ * its state is the kept bounds and scratch for the page scores.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct { float score; int page; } QuestCand;
-typedef struct { int page, head_dim, group, max_pages; QuestCand cand[]; /* (max_pages) */ } QuestState;
+/* The state: the header, then floats (the pages' scores, scratch; each lane's page bounds, page j's minimum then
+ * maximum, head_dim each) and ints (the chosen pages, scratch; each lane's count of bounded pages). One block, no
+ * pointers (clone copies it as bytes): the functions below find the parts. */
+typedef struct { int page, head_dim, group, max_pages, n_lanes; float data[]; } QuestState;
+static float *quest_score(QuestState *st) { return st->data; }
+static float *quest_bounds(QuestState *st, int lane, int page) {
+    return st->data + st->max_pages + ((size_t)lane * st->max_pages + page) * 2 * st->head_dim;
+}
+static int *quest_chosen(QuestState *st) {
+    return (int *)(void *)(st->data + st->max_pages + (size_t)st->n_lanes * st->max_pages * 2 * st->head_dim);
+}
+static int *quest_bounded(QuestState *st) { return quest_chosen(st) + st->max_pages; }
 
 static int quest_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     long P = 16;
     if (opt_int(sp, "page", 1, 1 << 20, &P, err, errlen) < 0) return -1;
     int cap = shape->seq_len > budget ? shape->seq_len : budget, max_pages = (int)((cap + P - 1) / P);
-    QuestState *st = state_new(p, sizeof *st + (size_t)max_pages * sizeof(QuestCand));
+    size_t floats = (size_t)max_pages * (1 + (size_t)p->n_lanes * 2 * shape->head_dim);
+    QuestState *st = state_new(p, sizeof *st + floats * sizeof(float) + ((size_t)max_pages + p->n_lanes) * sizeof(int));
     if (!st) return errorf(err, errlen, "out of memory");
     st->page = (int)P;
     st->head_dim = shape->head_dim;
     st->group = shape->n_heads / shape->n_kv_heads;
     st->max_pages = max_pages;
+    st->n_lanes = p->n_lanes;
     if (budget >= 2 * P) return 0;
     char fix[48] = "";
     if (budget >= 2) snprintf(fix, sizeof fix, ", or page <= %d", budget / 2);
@@ -855,13 +879,15 @@ static int quest_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget,
                   "%d: the budget must hold at least two pages (a budget >= %ld%s)", sp->text, P, budget, 2 * P, fix);
 }
 
-static int quest_cmp(const void *a, const void *b) {
-    const QuestCand *x = a, *y = b;
-    if (x->score != y->score) return x->score > y->score ? -1 : 1;   /* highest bound first ... */
-    return x->page - y->page;                                         /* ... and among equals the older page */
+static void quest_reset(KVPolicy *p) {
+    QuestState *st = p->state;
+    memset(quest_bounded(st), 0, (size_t)st->n_lanes * sizeof(int));
 }
-static int quest_page_cmp(const void *a, const void *b) {
-    return ((const QuestCand *)a)->page - ((const QuestCand *)b)->page;
+
+/* The first rank whose key select needs: that of the first page not bounded yet, or 0 when keys can change. */
+static int quest_keys_from(const KVPolicy *p, int lane, const KVLane *ln) {
+    QuestState *st = p->state;
+    return p->keys_fixed ? quest_bounded(st)[lane] * st->page : 0;
 }
 
 static int quest_select(KVPolicy *p, int lane, const KVLane *ln, int t, const float *score, const float *keys,
@@ -870,9 +896,11 @@ static int quest_select(KVPolicy *p, int lane, const KVLane *ln, int t, const fl
     int n = ln->n_live, P = st->page, hd = st->head_dim, group = st->group;
     int n_pages = (n + P - 1) / P, n_read = p->budget / P;
     if (n_pages <= n_read) { for (int i = 0; i < n; i++) ranks[i] = i; return n; }
-    float scale = 1.0f / sqrtf((float)hd), lo[hd], hi[hd];
-    for (int j = 0; j < n_pages - 1; j++) {   /* every full page but the newest: its bounds and its score */
+    /* the bounds of every full page but the newest: those not kept yet (every one when keys can change) */
+    int *bounded = &quest_bounded(st)[lane];
+    for (int j = p->keys_fixed ? *bounded : 0; j < n_pages - 1; j++) {
         const float *k = keys + (size_t)j * P * hd;
+        float *lo = quest_bounds(st, lane, j), *hi = lo + hd;
         for (int d = 0; d < hd; d++) lo[d] = hi[d] = k[d];
         for (int i = 1; i < P; i++)
             for (int d = 0; d < hd; d++) {
@@ -880,6 +908,11 @@ static int quest_select(KVPolicy *p, int lane, const KVLane *ln, int t, const fl
                 lo[d] = x < lo[d] ? x : lo[d];
                 hi[d] = x > hi[d] ? x : hi[d];
             }
+    }
+    if (p->keys_fixed) *bounded = n_pages - 1;
+    float scale = 1.0f / sqrtf((float)hd), *page_score = quest_score(st);
+    for (int j = 0; j < n_pages - 1; j++) {   /* each page's score: the group mean of its bound */
+        const float *lo = quest_bounds(st, lane, j), *hi = lo + hd;
         float sum = 0;
         for (int hh = 0; hh < group; hh++) {
             const float *qh = q + (size_t)hh * hd;
@@ -890,14 +923,12 @@ static int quest_select(KVPolicy *p, int lane, const KVLane *ln, int t, const fl
             }
             sum += dot * scale;
         }
-        st->cand[j] = (QuestCand){sum / group, j};
+        page_score[j] = sum / group;
     }
-    qsort(st->cand, (size_t)(n_pages - 1), sizeof *st->cand, quest_cmp);
-    qsort(st->cand, (size_t)(n_read - 1), sizeof *st->cand, quest_page_cmp);   /* the chosen, in rank order */
-    int m = 0;
-    for (int j = 0; j < n_read - 1; j++)
-        for (int i = st->cand[j].page * P; i < (st->cand[j].page + 1) * P && m < max; i++) ranks[m++] = i;
-    for (int i = (n_pages - 1) * P; i < n && m < max; i++) ranks[m++] = i;   /* the newest page */
+    int *chosen = quest_chosen(st), n_chosen = top_k(chosen, page_score, n_pages - 1, n_read - 1), m = 0;
+    for (int j = 0; j < n_chosen; j++)   /* the chosen pages in rank order, then the newest */
+        for (int i = chosen[j] * P; i < (chosen[j] + 1) * P && m < max; i++) ranks[m++] = i;
+    for (int i = (n_pages - 1) * P; i < n && m < max; i++) ranks[m++] = i;
     return m;
 }
 
@@ -926,8 +957,9 @@ static const KVPolicyOps policy_quest = {
     .summary = "quest:B,page=P stores every token; each query reads its own page + the pages of highest key-bound "
                "score, B/P pages (Quest)",
     .options = "page=P (default 16; B/P whole pages are read, at least 2)", .reason = "none", .needs_budget = 1,
-    .evicts = 0, .grows = 1, .select_keys = 1, .init = quest_init, .select = quest_select,
-    .select_bytes = quest_select_bytes, .select_scanned = quest_select_scanned, .describe = quest_describe,
+    .evicts = 0, .grows = 1, .select_keys = 1, .init = quest_init, .reset = quest_reset,
+    .select_keys_from = quest_keys_from, .select = quest_select, .select_bytes = quest_select_bytes,
+    .select_scanned = quest_select_scanned, .describe = quest_describe,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -205,6 +205,22 @@ expect "65 -f files"             "too many -f files"               "$RUN" "$R" -
 many_kv=(); for i in $(seq 33); do many_kv+=(-kv window:8); done
 expect "33 -kv policies"         "too many -kv policies"           "$RUN" "$R" -m ppl "${many_kv[@]}"
 expect "passkey -c too short"    "is too short: the fixed text"    "$RUN" "$V" -m passkey -c 32
+# passkey's grid lists (the lengths against -c and the fixed text: tests/test_passkey.sh, which has a real tokenizer)
+expect "-depths 1.5"             "-depths '1.5': '1.5' is not a depth in \[0, 1\]" "$RUN" "$V" -m passkey -depths 1.5
+expect "-depths -0.25"           "'-0.25' is not a depth in \[0, 1\]" "$RUN" "$V" -m passkey -depths 0,-0.25
+expect "-depths 0,,1"            "-depths '0,,1' has an empty item" "$RUN" "$V" -m passkey -depths 0,,1
+expect "-depths 0.5,"            "has an empty item"               "$RUN" "$V" -m passkey -depths 0.5,
+expect "-depths 0.5,0.50"        "0.50 is given twice"             "$RUN" "$V" -m passkey -depths 0.5,0.50
+expect "-depths 17 values"       "at most 16 values"               "$RUN" "$V" -m passkey \
+    -depths 0,0.05,0.1,0.15,0.2,0.25,0.3,0.35,0.4,0.45,0.5,0.55,0.6,0.65,0.7,0.75,0.8
+expect "-lengths 0"              "-lengths '0': '0' is not a token count" "$RUN" "$V" -m passkey -lengths 0
+expect "-lengths 512,1k"         "'1k' is not a token count"       "$RUN" "$V" -m passkey -lengths 512,1k
+expect "-lengths 2.5"            "'2.5' is not a token count"      "$RUN" "$V" -m passkey -lengths 2.5
+expect "-lengths 64,64"          "64 is given twice"               "$RUN" "$V" -m passkey -lengths 64,64
+expect "-passkey2 2"             "bad -passkey2 '2'"               "$RUN" "$V" -m passkey -passkey2 2
+expect "-depths in ppl"          "-depths is not used by -m ppl \(it is for passkey\)" "$RUN" "$R" -m ppl -f "$d/ids.txt" -depths 0.5
+expect "-lengths in bench"       "-lengths is not used by -m bench \(it is for passkey\)" "$RUN" "$R" -m bench -lengths 64
+expect "-passkey2 in generate"   "-passkey2 is not used by -m generate" "$RUN" "$R" -i 1 -passkey2 0
 expect "bench -c below -n"        "leaves no room for a prompt"     "$RUN" "$R" -m bench -c 10
 # --- bad -kv specs ---
 kv() { expect "-kv '$1'" "$2" "$RUN" "$R" -n 1 -i 1 -kv "$1"; }

@@ -27,7 +27,8 @@ value() {
         -i) echo "1 2 3" ;; -f) echo "$tmp/ids.txt" ;; -n) echo 2 ;; -t) echo 0 ;; -p) echo 0.9 ;; -s) echo 1 ;;
         -c) echo 32 ;; -y) echo sys ;; -kv) echo window:8 ;; -kvt) echo f32 ;; -kvlog) echo "$tmp/kv.log" ;;
         -d) echo cpu ;; -o) echo "$tmp/o.jsonl" ;; -chunk) echo 4 ;; -ppl-mode) echo stream ;;
-        -tokenlog) echo "$tmp/t.jsonl" ;; -link) echo 64 ;; -calib) echo "$tmp/ids.txt" ;; *) echo "" ;;
+        -tokenlog) echo "$tmp/t.jsonl" ;; -link) echo 64 ;; -calib) echo "$tmp/ids.txt" ;; -depths) echo 0,0.5 ;;
+        -lengths) echo 32 ;; -passkey2) echo 0 ;; *) echo "" ;;
     esac
 }
 modes=$(sed -n 1p "$tmp/table.md" | tr '|' '\n' | sed 's/ //g' | grep -v '^$' | sed '1d;$d')

@@ -58,6 +58,16 @@ expect_error "topk:1MiB" "topk:1MiB" "topk:256"
 expect_error "quest:16" "page=16" "a budget >= 32, or page <= 8"
 expect_error "quest:1MiB" "quest:1MiB" "quest:256"
 expect_error "blocks:8" "global=4 and local=4" "local <= 3"
+expect_error "topk:16,prompt=yes" "unknown prompt=yes" "sparse" "dense"
+expect_error "h2o:16,prompt=dense" "h2o does not select" "topk, quest, blocks"
+expect_error "window:16,prompt=sparse" "window does not select" "topk, quest, blocks"
+expect_error "topk:16,promt=dense" "'promt'" "every selection policy takes prompt"
+# prompt=dense needs a prompt: ppl has none
+echo "1 2 3 4 5 6 7 8" >"$tmp/ids.txt"
+"$RUN" "$M" -m ppl -f "$tmp/ids.txt" -kv quest:16,page=4,prompt=dense >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -qF "prompt=dense" "$tmp/err" && grep -qF "ppl has no prompt" "$tmp/err"; then
+    pass "-m ppl -kv quest:16,page=4,prompt=dense -> $(head -1 "$tmp/err" | head -c 200)"
+else fail "-m ppl -kv quest:16,page=4,prompt=dense: exit $rc, stderr: $(head -c 300 "$tmp/err")"; fi
 
 # duo: its lanes are chosen on -calib FILE, which it requires; full= in [0, 1]; -calib needs a spec that reads it
 expect_run_error() {   # DESCRIPTION PATTERN... -- ARGS...: ./run MODEL ARGS fails (1..127), stderr has every PATTERN
@@ -94,7 +104,8 @@ expect_run_error "-calib with no policy reading it" "-calib" "no -kv here does" 
 # sampled token is printed, not fed) = 71 positions, more than twice the budget
 # (every registered policy's -h policies example, then variants)
 for spec in $("$RUN" -h policies | sed -n 's/^    example: //p' | grep -v '^full$') "sink:16,pos=cache" \
-            "tova:16,per=layer" "h2o:16,type=q8,residual=4" "window:16,ktype=q4,vtype=f16" "h2o:16KiB"; do
+            "tova:16,per=layer" "h2o:16,type=q8,residual=4" "window:16,ktype=q4,vtype=f16" "h2o:16KiB" \
+            "topk:16,prompt=dense" "quest:16,page=4,prompt=dense,pos=cache"; do
     # shellcheck disable=SC2046
     out=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$spec" $(calib_for "$spec") 2>"$tmp/err"); rc=$?
     n=$(echo "$out" | wc -w)

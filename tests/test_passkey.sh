@@ -10,7 +10,10 @@
 #    depth 1, where the key sentence is inside the window: the placement seen through the cache;
 #  - every record is scored as README documents: answer = the first run of ASCII digits of answer_text as a number
 #    (leading zeros dropped), null with answer_status "no_number" when it has none (window:32's answers at depth 0
-#    have no digit), correct = (answer == key).
+#    have no digit), correct = (answer == key);
+#  - the grid flags: -lengths 256,200 -depths 1,0.5 gives those cells in that order (2 keys each) and the two-turn
+#    variant at the longest length; -passkey2 0 skips it; a length over -c or too short for the fixed text is one
+#    error line naming it.
 # SKIPs without models/smollm2-135m-instruct.bin, and under KVLAB_SANITIZE (minutes under ASan; the normal build runs it).
 set -u
 cd "$(dirname "$0")/.."
@@ -92,4 +95,35 @@ check(len(two) == 4 and all(r["answers"] == [-1 if r[k] is None else r[k] for k 
                             for r in two),
       f"passkey2: {len(two)} records (2 per policy), answers = [answer_first, answer_second] with -1 for none")
 PY
+
+# the grid flags: cells in the order given, the two-turn variant at the longest length, or none with -passkey2 0
+"$RUN" "$M" -m passkey -c 256 -lengths 256,200 -depths 1,0.5 -kv window:32 -o "$tmp/grid.jsonl" 2>"$tmp/grid_err"
+rc1=$?
+"$RUN" "$M" -m passkey -c 256 -lengths 200 -depths 0.25 -passkey2 0 -kv window:32 -o "$tmp/grid0.jsonl" 2>"$tmp/grid0_err"
+rc2=$?
+python3 - "$tmp/grid.jsonl" "$tmp/grid0.jsonl" "$rc1" "$rc2" "$tmp/grid_err" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])] if sys.argv[3] == "0" else []
+b = [json.loads(l) for l in open(sys.argv[2])] if sys.argv[4] == "0" else []
+cells = [(r["length"], r["depth"]) for r in a if r["mode"] == "passkey"]
+want = [(256, 1), (256, 1), (256, 0.5), (256, 0.5), (200, 1), (200, 1), (200, 0.5), (200, 0.5)]
+two = [r["length"] for r in a if r["mode"] == "passkey2"]
+head = open(sys.argv[5]).read().splitlines()[:1] + [l for l in open(sys.argv[5]) if l.startswith("passkey:")][:1]
+print(("PASS " if cells == want and two == [256, 256] else "FAIL ") +
+      f"-lengths 256,200 -depths 1,0.5: (length, depth) of the records in order {cells} (want {want}), two-turn "
+      f"records at lengths {two} (want the longest, 256, twice); {head[-1].strip() if head else ''}")
+cells0 = [(r["length"], r["depth"]) for r in b if r["mode"] == "passkey"]
+two0 = [r for r in b if r["mode"] == "passkey2"]
+print(("PASS " if cells0 == [(200, 0.25)] * 2 and not two0 else "FAIL ") +
+      f"-lengths 200 -depths 0.25 -passkey2 0: {len(cells0)} records at {sorted(set(cells0))}, {len(two0)} two-turn")
+PY
+expect_error() {   # NAME PATTERN ARGS...: exit 1, one stderr line (after the CPU note) matching PATTERN
+    local name=$1 pat=$2; shift 2
+    "$RUN" "$M" -m passkey "$@" >/dev/null 2>"$tmp/e"; local rc=$?
+    grep -v "^run: note" "$tmp/e" >"$tmp/e1"
+    if [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/e1")" -eq 1 ] && grep -qF -- "$pat" "$tmp/e1"; then echo "PASS $name -> $(cat "$tmp/e1")"
+    else echo "FAIL $name: rc $rc, stderr: $(head -c 300 "$tmp/e")"; fi
+}
+expect_error "-lengths over -c" "-lengths: 300 tokens is over -c 256" -c 256 -lengths 200,300
+expect_error "-lengths too short" "-lengths: 150 tokens is too short" -c 256 -lengths 150
 exit 0

@@ -21,7 +21,11 @@
  *   4. the budget rules' errors, and byte budgets refused;
  *   5. the oracle property on a one-layer scripted stream whose query heads share one query per GQA group: topk:B's
  *      recall of the attention mass (the share of the dense softmax over every stored position, in double) is >=
- *      quest's, blocks' and cluster's at the same B, at every lane and step.
+ *      quest's, blocks' and cluster's at the same B, at every lane and step;
+ *   5. prompt=dense through kv_attend_chunk (chunks that cross the prompt's end): each prompt query reads every
+ *      position, with the outputs, probabilities and bytes read of a `full` cache on the same stream bit for bit and
+ *      a double softmax over every position within the f32 bound; each later query reads what the same policy with
+ *      prompt=sparse reads (blocks: the pattern computed here), bit for bit; the spec errors.
  * Dimensions: L layers, NH query heads, NKV kv heads, HD head_dim, T tokens. u = 2^-24, the f32 unit roundoff. */
 #include "tests/test_kv_util.h"
 
@@ -791,11 +795,176 @@ static void test_oracle(void) {
     for (int i = 0; i < NS; i++) kv_cache_free(&c[i]);
 }
 
+/* ---- 5. prompt=dense ---- */
+/* What kv_attend_chunk's hook saw after each token's step 4: the positions read (kv_lane_read, one per span), the
+ * probabilities, the bytes read by that token's layer-step. */
+typedef struct {
+    const KVCache *c;
+    uint64_t last_bytes, bytes[MAXT][L];
+    int n_read[MAXT][L][NKV], read[MAXT][L][NKV][MAXT], spans_ok;
+    float p[MAXT][L][NH][MAXT];
+    float out[MAXT][L][NH * HD];
+} Trace;
+static Trace traces[3];
+
+static void trace_hook(void *ctx, int l, const KVCache *c, int pos) {
+    Trace *tr = ctx;
+    int spans[2 * MAXT];
+    tr->bytes[pos][l] = c->bytes_read - tr->last_bytes;
+    tr->last_bytes = c->bytes_read;
+    for (int g = 0; g < NKV; g++) {
+        int w = kv_lane_read(c, l, g, spans, MAXT);
+        tr->n_read[pos][l][g] = w;
+        for (int j = 0; j < w; j++) {
+            tr->read[pos][l][g][j] = spans[2 * j];
+            tr->spans_ok &= spans[2 * j] == spans[2 * j + 1];
+        }
+    }
+    for (int h = 0; h < NH; h++)
+        for (int i = 0; i <= pos; i++) tr->p[pos][l][h][i] = c->scores[(size_t)h * c->budget + i];
+}
+
+/* The stream's T tokens through cache c, layer by layer in chunks of `chunk` tokens (kv_attend_chunk, as
+ * forward_chunk runs a prompt), the prompt's end told first. 0, or -1 after a failed check. */
+static int trace_run(KVCache *c, Trace *tr, int T, int prompt, int chunk, int ref) {
+    memset(tr, 0, sizeof *tr);
+    tr->spans_ok = 1;
+    if (ref && kv_set_backend(c, KV_BACKEND_REF)) { CHECK(0, "kv_set_backend REF"); return -1; }
+    kv_set_prompt_len(c, prompt);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        for (int l = 0; l < L; l++) {
+            float q[MAXT * NH * HD], k[MAXT * NKV * HD], v[MAXT * NKV * HD], out[MAXT * NH * HD];
+            for (int u = 0; u < n; u++) {
+                memcpy(q + u * NH * HD, Q[t0 + u][l], sizeof Q[0][0]);
+                memcpy(k + u * NKV * HD, K[t0 + u][l], sizeof K[0][0]);
+                memcpy(v + u * NKV * HD, V[t0 + u][l], sizeof V[0][0]);
+            }
+            if (kv_attend_chunk(c, out, l, t0, n, q, k, v, trace_hook, tr)) {
+                CHECK(0, "kv_attend_chunk '%s' at %d", c->spec.text, t0);
+                return -1;
+            }
+            for (int u = 0; u < n; u++) memcpy(tr->out[t0 + u][l], out + u * NH * HD, sizeof tr->out[0][0]);
+        }
+    }
+    return 0;
+}
+
+/* The same token at (t, l) in two traces: the same positions read, outputs and probabilities bit for bit, the same
+ * bytes. */
+static int trace_same(const Trace *a, const Trace *b, int t, int l) {
+    if (a->bytes[t][l] != b->bytes[t][l] || memcmp(a->out[t][l], b->out[t][l], sizeof a->out[t][l])) return 0;
+    for (int g = 0; g < NKV; g++) {
+        if (a->n_read[t][l][g] != b->n_read[t][l][g]) return 0;
+        for (int j = 0; j < a->n_read[t][l][g]; j++)
+            if (a->read[t][l][g][j] != b->read[t][l][g][j]) return 0;
+    }
+    for (int h = 0; h < NH; h++)
+        if (memcmp(a->p[t][l][h], b->p[t][l][h], (size_t)(t + 1) * sizeof(float))) return 0;
+    return 1;
+}
+
+/* spec (a selection policy, prompt= left out) with prompt=dense against `full` and against spec itself (sparse), T
+ * tokens of which the first `prompt` are the prompt, in chunks of `chunk`; ref: on the REF backend; blocks_b > 0:
+ * spec is blocks:blocks_b with its defaults (G 4, L b/2, stride from -c = T), whose pattern is checked here. */
+static void run_dense(const char *spec, int T, int prompt, int chunk, int ref, int blocks_b) {
+    char dense[80];
+    snprintf(dense, sizeof dense, "%s,prompt=dense", spec);
+    KVShape s = sshape(T, 0);
+    KVCache c[3];
+    const char *specs[3] = {"full", dense, spec};
+    for (int i = 0; i < 3; i++)
+        if (tcache(&c[i], &s, specs[i])) {
+            for (int j = 0; j < i; j++) kv_cache_free(&c[j]);
+            return;
+        }
+    Trace *full = &traces[0], *dn = &traces[1], *sp = &traces[2];
+    for (int i = 0; i < 3; i++)
+        if (trace_run(&c[i], &traces[i], T, prompt, chunk, ref)) goto done;
+    const char *path = ref ? "REF backend" : "fast backend";
+    int bad_full = 0, bad_all = 0, bad_sparse = 0, bad_pattern = 0, selected = 0, sparse_selected = 0;
+    double max_err = 0;
+    uint64_t bad_bytes = 0;
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < L; l++) {
+            if (t < prompt) {
+                bad_full += !trace_same(dn, full, t, l);
+                /* every position read, and the bytes of every key and value (f32) */
+                for (int g = 0; g < NKV; g++) {
+                    int all = dn->n_read[t][l][g] == t + 1;
+                    for (int j = 0; all && j <= t; j++) all = dn->read[t][l][g][j] == j;
+                    bad_all += !all;
+                    sparse_selected += sp->n_read[t][l][g] < t + 1;
+                }
+                bad_bytes += dn->bytes[t][l] != (uint64_t)(t + 1) * NKV * 2 * VB;
+                int pos[MAXT];
+                for (int i = 0; i <= t; i++) pos[i] = i;
+                for (int h = 0; h < NH; h++) {
+                    double e = out_err(t, l, h, pos, t + 1, 0, dn->out[t][l]);
+                    if (!(e <= max_err)) max_err = e;
+                }
+            } else {
+                bad_sparse += !trace_same(dn, sp, t, l);
+                for (int g = 0; g < NKV; g++) {
+                    selected += dn->n_read[t][l][g] < t + 1;
+                    if (!blocks_b) continue;
+                    int want[MAXT], n_cut, S = 1, m;
+                    for (;; S++) {   /* the default stride at -c = T, as run_blocks computes it */
+                        int cnt = 0;
+                        for (int p = 4; p <= T - 1 - blocks_b / 2; p++) cnt += p % S == 0;
+                        if (cnt <= blocks_b - 4 - blocks_b / 2) break;
+                    }
+                    m = blocks_ref(t, blocks_b, 4, blocks_b / 2, S, want, &n_cut);
+                    int ok = dn->n_read[t][l][g] == m;
+                    for (int j = 0; ok && j < m; j++) ok = dn->read[t][l][g][j] == want[j];
+                    bad_pattern += !ok;
+                }
+            }
+        }
+    CHECK(bad_full == 0 && dn->spans_ok, "%s (%s, chunks of %d, prompt %d of %d tokens): each prompt query's outputs, "
+          "probabilities, positions read and bytes read are full's on the same stream, bit for bit (%d layer-steps "
+          "differ)", dense, path, chunk, prompt, T, bad_full);
+    CHECK(bad_all == 0 && bad_bytes == 0 && sparse_selected > 0, "%s (%s): each prompt query reads positions 0..t, "
+          "(t+1) x %d kv heads x %d B (%d lane-steps differ, %llu layer-steps of bytes), where %s selects (in %d "
+          "lane-steps)", dense, path, NKV, 2 * VB, bad_all, (unsigned long long)bad_bytes, spec, sparse_selected);
+    CHECK_LE(max_err, OUT_TOL, "%s (%s): each prompt query's output equals a double softmax over every position "
+             "(max err %.3g <= %.3g)", dense, path, max_err, OUT_TOL);
+    CHECK(bad_sparse == 0 && selected > 0, "%s (%s): each query after the prompt reads what %s reads, outputs, "
+          "probabilities and bytes bit for bit (%d of %d layer-steps differ; %d lane-steps read a strict subset)",
+          dense, path, spec, bad_sparse, (T - prompt) * L, selected);
+    if (blocks_b)
+        CHECK(bad_pattern == 0, "%s (%s): each query after the prompt reads the first 4, the %d newest and the "
+              "strided positions computed here (%d lane-steps differ)", dense, path, blocks_b / 2, bad_pattern);
+done:
+    for (int i = 0; i < 3; i++) kv_cache_free(&c[i]);
+}
+
+static void test_dense(void) {
+    gen_stream(5, 0);
+    run_dense("topk:8", 60, 37, 16, 0, 0);   /* the prompt ends inside a chunk */
+    run_dense("topk:8", 60, 37, 16, 1, 0);
+    run_dense("quest:8,page=2", 60, 41, 5, 0, 0);
+    run_dense("quest:12,page=3,pos=cache", 60, 33, 64, 0, 0);
+    run_dense("blocks:16", 60, 30, 7, 0, 16);
+    expect_init_error("topk:8,prompt=yes", "unknown prompt=yes", "dense");
+    expect_init_error("h2o:8,prompt=dense", "h2o does not select", "topk, quest, blocks");
+    expect_init_error("full,prompt=sparse", "full does not select", NULL);
+    KVSpec sp;
+    char err[512] = "";
+    int rc = kv_spec_parse(&sp, "quest:8,page=2,prompt=dense", KV_F32, err, sizeof err);
+    rc = rc ? rc : kv_spec_check_mode(&sp, "ppl", err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "no prompt"), "prompt=dense is refused in ppl mode, which has no prompt (%s)", err);
+    rc = kv_spec_parse(&sp, "quest:8,page=2,prompt=dense", KV_F32, err, sizeof err);
+    rc = rc ? rc : kv_spec_check_mode(&sp, "passkey", err, sizeof err);
+    CHECK(rc == 0, "prompt=dense is accepted in passkey mode (%s)", rc ? err : "ok");
+}
+
 int main(void) {
     test_quest();
     test_blocks();
     test_cluster();
     test_budgets();
     test_oracle();
+    test_dense();
     CHECK_EXIT();
 }

@@ -127,7 +127,8 @@ expect_error "full,fast=abc" "bad fast=abc" "25%"
 if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "bad -link '0'" "$tmp/err"; then pass "./run -link 0 -> $(head -1 "$tmp/err")"
 else fail "./run -link 0: exit $rc, $(head -c 200 "$tmp/err")"; fi
 for pair in "h2o:40|h2o:40,fast=25%,prefetch=1" "quest:32,page=4|quest:32,page=4,fast=10%,prefetch=1" \
-            "window:20|window:20,fast=2KiB"; do
+            "window:20|window:20,fast=2KiB" "cluster:16,k=4|cluster:16,k=4,fast=20%,prefetch=1" \
+            "topk:16,prompt=dense|topk:16,prompt=dense,fast=15%,prefetch=1"; do
     a=${pair%%|*}; b=${pair#*|}
     ga=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$a" 2>/dev/null); gb=$("$RUN" "$M" -t 0 -n 60 -i "$PROMPT" -kv "$b" 2>/dev/null)
     if [ -n "$ga" ] && [ "$ga" = "$gb" ]; then pass "./run -kv '$b' generates the ids of '$a' (a tier only counts)"

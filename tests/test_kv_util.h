@@ -81,4 +81,25 @@ static inline void tprint_set(char *buf, size_t len, const int *p, int n) {
     for (int i = 0; i < n && o + 12 < len; i++) o += (size_t)snprintf(buf + o, len - o, "%s%d", i ? "," : "", p[i]);
 }
 
+/* blocks:B,global=G,local=L,stride=S's positions at query position t over positions 0..t (policies.c), written from
+ * its definition: the first G, the L newest, every S-th between, the strided part cut oldest first beyond B; returns
+ * the count, and in *n_cut how many strided positions the cap cut */
+static inline int tblocks_ref(int t, int B, int G, int Lc, int S, int *want, int *n_cut) {
+    int m = 0, fixed = 0, strided = 0;
+    for (int p = 0; p <= t; p++) {
+        if (p < G || p > t - Lc) fixed++;
+        else if (p % S == 0) strided++;
+    }
+    int cut = strided - (B - fixed);
+    *n_cut = cut > 0 ? cut : 0;
+    for (int p = 0; p <= t; p++) {
+        if (p < G || p > t - Lc) want[m++] = p;
+        else if (p % S == 0) {
+            if (cut > 0) cut--;
+            else want[m++] = p;
+        }
+    }
+    return m;
+}
+
 #endif

@@ -257,26 +257,6 @@ static void test_quest(void) {
 }
 
 /* ---- 2. blocks ---- */
-/* the pattern at t: global, local, strided between, the strided cut oldest first beyond B; returns the count, and
- * in *n_cut how many strided positions the cap cut */
-static int blocks_ref(int t, int B, int G, int Lc, int S, int *want, int *n_cut) {
-    int m = 0, fixed = 0, strided = 0;
-    for (int p = 0; p <= t; p++) {
-        if (p < G || p > t - Lc) fixed++;
-        else if (p % S == 0) strided++;
-    }
-    int cut = strided - (B - fixed);
-    *n_cut = cut > 0 ? cut : 0;
-    for (int p = 0; p <= t; p++) {
-        if (p < G || p > t - Lc) want[m++] = p;
-        else if (p % S == 0) {
-            if (cut > 0) cut--;
-            else want[m++] = p;
-        }
-    }
-    return m;
-}
-
 /* spec blocks:B[,global=G][,local=L][,stride=S] (0: not given, the default) over T positions with -c = ctx */
 static void run_blocks(int B, int G, int Lc, int S, int T, int ctx) {
     char spec[80];
@@ -309,7 +289,7 @@ static void run_blocks(int B, int G, int Lc, int S, int T, int ctx) {
             uint64_t before = c.bytes_read, want_bytes = 0;
             kv_attend_cpu(&c, out, l, t, Q[t][l]);
             for (int g = 0; g < NKV; g++) {
-                int want[MAXT + 1], n_cut, m = blocks_ref(t, B, G, Lc, S, want, &n_cut), got[MAXT + 1], n;
+                int want[MAXT + 1], n_cut, m = tblocks_ref(t, B, G, Lc, S, want, &n_cut), got[MAXT + 1], n;
                 cut += n_cut > 0;
                 want_bytes += (uint64_t)m * 2 * VB;
                 int ok = check_read(&c, t, l, g, want, m, 1, out, &sc, got, &n);
@@ -914,7 +894,7 @@ static void run_dense(const char *spec, int T, int prompt, int chunk, int ref, i
                         for (int p = 4; p <= T - 1 - blocks_b / 2; p++) cnt += p % S == 0;
                         if (cnt <= blocks_b - 4 - blocks_b / 2) break;
                     }
-                    m = blocks_ref(t, blocks_b, 4, blocks_b / 2, S, want, &n_cut);
+                    m = tblocks_ref(t, blocks_b, 4, blocks_b / 2, S, want, &n_cut);
                     int ok = dn->n_read[t][l][g] == m;
                     for (int j = 0; ok && j < m; j++) ok = dn->read[t][l][g][j] == want[j];
                     bad_pattern += !ok;

@@ -123,23 +123,10 @@ static void ref_use(RefTier *r, RefLane *ln, const TierCase *tc, const int *set,
     if (!prefetch) r->reads += (uint64_t)n;
 }
 
-/* blocks' positions at query position t (policies.c: the first G, the L newest, every S-th between, the strided
- * part cut oldest first to fit B), over positions 0..t */
+/* blocks' positions at query position t over positions 0..t (tests/test_kv_util.h, tblocks_ref) */
 static int blocks_set(const TierCase *tc, int t, int *set) {
-    int n = 0, fixed = 0, strided = 0, G = tc->blocks_global, Lc = tc->blocks_local, S = tc->blocks_stride;
-    for (int p = 0; p <= t; p++) {
-        if (p < G || p > t - Lc) fixed++;
-        else if (p % S == 0) strided++;
-    }
-    int cut = strided - (tc->blocks_b - fixed);
-    for (int p = 0; p <= t; p++) {
-        if (p < G || p > t - Lc) set[n++] = p;
-        else if (p % S == 0) {
-            if (cut > 0) cut--;
-            else set[n++] = p;
-        }
-    }
-    return n;
+    int n_cut;
+    return tblocks_ref(t, tc->blocks_b, tc->blocks_global, tc->blocks_local, tc->blocks_stride, set, &n_cut);
 }
 
 static void run_case(const TierCase *tc, int T) {

@@ -611,6 +611,12 @@ famcol() { case $1 in window) echo '#9467bd';; sink) echo '#1f77b4';; h2o) echo 
     scissorhands) echo '#8c564b';; random) echo '#7f7f7f';; topk) echo '#d62728';; quest) echo '#17becf';;
     cluster) echo '#e377c2';; blocks) echo '#bcbd22';; *) echo '#000000';; esac; }
 have() { [ -s "$R/$1.dat" ] || { say "no $R/$1.dat: skipping its plot"; return 1; }; }
+# drawn() NAME TABLE...: have NAME, and one of its gnuplot tables has a row of numbers (an interrupted run may have
+# recorded only the shadow)
+drawn() {
+    have "$1" || return 1; local t=$1; shift
+    grep -qE '^[0-9]' "$@" 2>/dev/null || { say "$R/$t.dat has no records to draw: skipping its plot"; return 1; }
+}
 GP_HEAD="set terminal $TERM_PNG; set grid lc rgb '#dddddd'; set key outside right top; set tics nomirror"
 label_quick=$([ "$QUICK" = 1 ] && echo " [quick grid, not the full grid]" || echo "")
 SHADOW_PPL=$(cat "$R/a_shadow.tab.dat")
@@ -722,7 +728,7 @@ EOF
 fi
 # (f) selection (blue) and eviction (red) at the same budgets, each point labelled by its spec; the top-B recall of
 # the shadow's attention (dashed) bounds recall at that budget
-if have select; then
+if drawn select "$R/f_sel.tab.dat" "$R/f_evict.tab.dat"; then
     fsets() {   # COLUMN: the two point sets and their labels, y from COLUMN of f_sel/f_evict
         echo "'$R/f_sel.tab.dat' using 1:$1 with points pt 7 ps 1.3 lc rgb '#1f77b4' title 'selection (keeps every token)'," \
              "'' using 1:$1:5 with labels left offset 0.7,0 font ',8' tc rgb '#1f77b4' notitle," \
@@ -749,7 +755,7 @@ unset multiplot
 EOF
 fi
 # (g) the fast tier: hit rate and bytes moved per token vs its size, with and without prefetch (blocks 0 and 1)
-if have tiers; then
+if drawn tiers "$R/g_tiers.tab.dat"; then
 gnuplot <<EOF
 $GP_HEAD
 set output '$OUT/g_tiers.png'
@@ -766,7 +772,7 @@ unset multiplot
 EOF
 fi
 # (h) passkey with selection: accuracy vs B per family, one panel per length; full as a dashed line
-if have passkey_sel; then
+if drawn passkey_sel "$R/h_passkey_sel.tab.dat"; then
 read -r _ PLENS < <(grep '^lengths' "$R/h_passkey_sel.meta.dat")
 read -r _ PFAMS < <(grep '^families' "$R/h_passkey_sel.meta.dat")
 NL=$(echo "$PLENS" | wc -w); NF_=$(echo "$PFAMS" | wc -w)

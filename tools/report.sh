@@ -2,12 +2,14 @@
 # make report: kvlab's evaluation of KV-cache policies on SmolLM2-135M-Instruct and the Debian Reference text, written
 # as REPORT.md with PNG plots (gnuplot). Issue 5, item 6.
 #
-#   make report                       the full grid (REPORT_TOKENS=8192 tokens; the target is 2 hours on 2 cores:
-#                                     the estimate printed first says whether this machine makes it), written to
-#                                     build/report/: the committed report/ changes only with REPORT_OUT=report
+#   make report                       the full grid (REPORT_TOKENS=8192 tokens; the first four steps take about 80
+#                                     minutes on 2 cores, select and tiers a few more, passkey_sel's dense 8,192-token
+#                                     prompts most likely an hour: the estimate printed first says what this machine
+#                                     expects), written to build/report/: the committed report/ changes only with
+#                                     REPORT_OUT=report
 #   REPORT_OUT=report make report     the full grid, replacing the committed report/REPORT.md and report/*.png
-#   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384) to test the script,
-#                                     written to build/report-quick/
+#   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384 and -c 1024) to test
+#                                     the script (about 10 minutes on 2 cores), written to build/report-quick/
 #   REPORT_OUT=DIR                    where REPORT.md and the plots go (default: above; the first line printed says)
 #   REPORT_TOKENS=N                   the stream length (budgets scale with it: see "grid" below); N >= 512
 #   REPORT_PASSKEY_CTX=P              passkey -c (full grid; default 1024: lengths 256, 512, 1024)
@@ -24,6 +26,14 @@
 #           reverse, and h2o at 20% stored in q8 and q4 (one frontier with the evicting caches)
 #   pos     ./run -m ppl over 3N tokens, -c N: sink:L with pos=orig and pos=cache (past the trained context); -tokenlog
 #   passkey ./run -m passkey -c P: full, window, sink, h2o, tova at budget P/8 (depth x length grid + two turns)
+#   select  ./run -m ppl over the first NS = min(N, 2048) tokens, -c NS (quick: NS = N): topk, quest, cluster, blocks
+#           (selection: every token kept, B read per query) and h2o, sink, tova (eviction: B kept) at B = 64 and 256
+#           (quick: 32, 64); KL and recall against the KV bytes read per step, recall_topk the bound
+#   tiers   ./run -m ppl, same text and -c: quest:256 (quick: quest:64) with fast=5%/10%/25%, each with and without
+#           prefetch=1: hit rate, bytes moved per token, modelled stall
+#   passkey_sel ./run -m passkey -c 8192 -lengths 4096,8192 -depths 0.25,0.5,0.75 -passkey2 0: full, topk and quest
+#           at 64/256 with prompt=dense, h2o:64/256, tova:256, sink:64/256 (quick: -c 1024 -lengths 512,1024; full,
+#           topk:64, quest:64, h2o:64, sink:64); the longest step of the full grid
 # All runs use -chunk 64 (batched, bit-identical to token by token). Each run writes JSON lines (-o) to DATA/NAME.dat
 # and its stderr to DATA/NAME.log.dat (raw data, not committed).
 #
@@ -34,7 +44,8 @@
 # as incomplete at the end; the next run measures it again, reusing the complete ones.
 #
 # First it measures throughput (two short ppl runs and a short greedy decode) and prints an estimate of this grid's
-# time and of the full grid's, from a cost model: per token a fixed cost (matmuls), plus a cost per attended token.
+# time and of the full grid's, from a cost model: per token a fixed cost (matmuls), plus a cost per attended token
+# (for a selection policy, per key it scans), plus a rough cost for a fast tier's bookkeeping and prefetch.
 #
 # Dependencies: gnuplot (pngcairo or png), awk, python3 (small data wrangling), the Debian Reference text; the
 # missing ones are listed with what each is for, then installed with apt-get --no-install-recommends.
@@ -76,6 +87,23 @@ else
 fi
 POS=("sink:$POS_B" "sink:$POS_B,pos=cache")
 POS_N=$((3 * POS_C))
+# selection against eviction and memory tiers over the first NS tokens (-c NS): selection at read budgets SEL_B,
+# eviction at the same budgets; quest:TIER_B with a fast tier of 5/10/25% of the vectors, with and without prefetch
+if [ "$QUICK" = 1 ]; then NS=$N; SEL_B=(32 64); TIER_B=64; else NS=$((N < 2048 ? N : 2048)); SEL_B=(64 256); TIER_B=256; fi
+SEL=()
+for b in "${SEL_B[@]}"; do for p in topk quest cluster blocks h2o sink tova; do SEL+=("$p:$b"); done; done
+TIERS=()
+for f in 5 10 25; do TIERS+=("quest:$TIER_B,fast=$f%" "quest:$TIER_B,fast=$f%,prefetch=1"); done
+# passkey with selection (prompt=dense: the prompt read densely, the answer selecting, as Quest decodes) and eviction
+if [ "$QUICK" = 1 ]; then
+    PKS_C=1024; PKS_LENS=512,1024
+    PKS=(full "topk:64,prompt=dense" "quest:64,prompt=dense" "h2o:64" "sink:64")
+else
+    PKS_C=8192; PKS_LENS=4096,8192
+    PKS=(full "topk:64,prompt=dense" "topk:256,prompt=dense" "quest:64,prompt=dense" "quest:256,prompt=dense"
+         "h2o:64" "h2o:256" "tova:256" "sink:64" "sink:256")
+fi
+PKS_DEPTHS=0.25,0.5,0.75
 
 # ---- directories: R holds this grid's data, OUT gets REPORT.md and the plots (see "Data" above) -----------------
 INVOKE=
@@ -94,9 +122,9 @@ if [ "$OUT" = report ] && [ "$R" != report ]; then
     say "REPORT_OUT=report with a grid other than the full one: this replaces the committed full-grid report"
 fi
 
-# ---- the four measurements: NAME and ./run's arguments (ARGS_NAME; -o R/NAME.dat is added) ----------------------
+# ---- the seven measurements: NAME and ./run's arguments (ARGS_NAME; -o R/NAME.dat is added) ---------------------
 TEXT=$R/text_$N.txt.dat; TEXT3=$R/text_$POS_N.txt.dat
-STEPS=(main quant pos passkey)
+STEPS=(main quant pos passkey select tiers passkey_sel)
 kvargs() { for s in "$@"; do printf -- '-kv\n%s\n' "$s"; done; }
 mapfile -t ARGS_main < <(kvargs "${MAIN[@]}")
 mapfile -t ARGS_quant < <(kvargs "${QUANT[@]}")
@@ -106,6 +134,13 @@ ARGS_main=("$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk "$CHUNK" "${ARGS_main[@]}" 
 ARGS_quant=("$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk "$CHUNK" "${ARGS_quant[@]}")
 ARGS_pos=("$MODEL" -m ppl -f "$TEXT3" -c "$POS_C" -chunk "$CHUNK" "${ARGS_pos[@]}" -tokenlog "$R/pos.tok.dat")
 ARGS_passkey=("$MODEL" -m passkey -c "$PK_C" -chunk "$CHUNK" -s 1 "${ARGS_passkey[@]}")
+mapfile -t ARGS_select < <(kvargs "${SEL[@]}")
+mapfile -t ARGS_tiers < <(kvargs "${TIERS[@]}")
+mapfile -t ARGS_passkey_sel < <(kvargs "${PKS[@]}")
+ARGS_select=("$MODEL" -m ppl -f "$TEXT" -c "$NS" -n "$NS" -chunk "$CHUNK" "${ARGS_select[@]}")
+ARGS_tiers=("$MODEL" -m ppl -f "$TEXT" -c "$NS" -n "$NS" -chunk "$CHUNK" "${ARGS_tiers[@]}")
+ARGS_passkey_sel=("$MODEL" -m passkey -c "$PKS_C" -lengths "$PKS_LENS" -depths "$PKS_DEPTHS" -passkey2 0 -chunk "$CHUNK" -s 1
+                  "${ARGS_passkey_sel[@]}")
 # A step's log (R/NAME.log.dat) starts with "report: started: ./run ARGS" and ends with "report: complete: ./run ARGS"
 # only when ./run finished: a step counts as done only for these very arguments, so another grid's data never does.
 # step_state NAME: complete, partial (started, not finished: interrupted or failed; R/NAME.dat keeps what ./run
@@ -157,7 +192,8 @@ fi
 # ---- the plan -----------------------------------------------------------------------------------------------------
 say "$NPROC cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 say "grid: $([ "$QUICK" = 1 ] && echo 'QUICK (REPORT_QUICK=1)' || echo full), $N tokens, budgets S=$S L=$L 10%=$B10 20%=$B20;" \
-    "main ${#MAIN[@]} policies, quant ${#QUANT[@]}, pos ${#POS[@]} over $POS_N tokens (-c $POS_C), passkey ${#PK[@]} at -c $PK_C"
+    "main ${#MAIN[@]} policies, quant ${#QUANT[@]}, pos ${#POS[@]} over $POS_N tokens (-c $POS_C), passkey ${#PK[@]} at -c $PK_C;" \
+    "select ${#SEL[@]} (B = ${SEL_B[*]}) and tiers ${#TIERS[@]} over $NS tokens (-c $NS), passkey_sel ${#PKS[@]} at -c $PKS_C (lengths $PKS_LENS)"
 for s in "${STEPS[@]}"; do
     declare -n args=ARGS_$s
     case $PLOTS_ONLY/${REPORT_FORCE:-0}/$(step_state "$s") in
@@ -206,8 +242,8 @@ summary() {
             *) inc+=("$s (not run)");;
         esac
     done
-    if [ ${#inc[@]} -eq 0 ]; then say "all four measurements complete (data in $R/)"; return; fi
-    say "INCOMPLETE: ${#inc[@]} of 4 measurements: $(printf '%s; ' "${inc[@]}" | sed 's/; $//')"
+    if [ ${#inc[@]} -eq 0 ]; then say "all ${#STEPS[@]} measurements complete (data in $R/)"; return; fi
+    say "INCOMPLETE: ${#inc[@]} of ${#STEPS[@]} measurements: $(printf '%s; ' "${inc[@]}" | sed 's/; $//')"
     say "$INVOKE measures them again (complete ones are reused); REPORT_PLOTS_ONLY=1 draws what they recorded"
 }
 # Ctrl-C reaches ./run too (same process group); bash runs this trap once ./run has exited, so the step's log says it
@@ -280,12 +316,14 @@ THROUGHPUT=$(awk -v a="$A" -v b="$B" -v d="$DEC" -v cal="$(cat "$CAL")" 'BEGIN {
 say "throughput: $THROUGHPUT"
 
 # cost (seconds) of the grid: ppl runs (shadow + policies) and passkey runs, from the spec strings
-estimate() {   # N S L B10 B20 POS_C PK_C "MAIN..." "QUANT..." "POS..." "PK..."
+estimate() {   # N S L B10 B20 POS_C PK_C "MAIN..." "QUANT..." "POS..." "PK..." NS "SEL..." "TIERS..." PKS_C PKS_LENS "PKS..."
     python3 - "$A" "$B" "$DEC" "$@" <<'EOF'
 import sys
 a, b, d = map(float, sys.argv[1:4])
 n, S, L, B10, B20, posc, pkc = map(int, sys.argv[4:11])
 groups = [g.split() for g in sys.argv[11:15]]
+ns, sel, tiers = int(sys.argv[15]), sys.argv[16].split(), sys.argv[17].split()
+pksc, pks_lens, pks = int(sys.argv[18]), [int(x) for x in sys.argv[19].split(",")], sys.argv[20].split()
 def budget(spec, c):
     head = spec.split(',')[0]
     return int(head.split(':')[1]) if ':' in head else c
@@ -299,20 +337,39 @@ def ppl(tokens, c, specs):
         k = min(tokens, c) if full else tokens
         t += k * a + attended(k, budget(s, c)) * b
     return t
-def passkey(c, specs):
+def passkey(c, specs, lens=None, per_len=10, two=True):
     t = 0
-    lens = [L for L in (c // 4, c // 2, c) if L >= 182]   # shorter: too short for the prompt's fixed text
+    if lens is None: lens = [L for L in (c // 4, c // 2, c) if L >= 182]   # shorter: too short for the prompt's fixed text
     for s in specs:
-        B = budget(s, c)
-        for L in lens: t += 10 * (L * a + attended(L, B) * b + 8 * d)
-        t += 2 * (c * a + attended(c, B) * b + 16 * d)
+        B = c if "prompt=dense" in s else budget(s, c)   # a dense prompt attends to every token
+        for L in lens: t += per_len * (L * a + attended(L, B) * b + 8 * d)
+        if two: t += 2 * (c * a + attended(c, B) * b + 16 * d)
+    return t
+# selection (stream mode: every query selects): per token the matmuls, plus the keys a query scans: topk scores all
+# of them, quest a bound per page of 16 and its B, cluster its centroids (about 1 per 32 keys) and its B, blocks and
+# the evicting caches their B. A fast tier adds its bookkeeping, and prefetch the predicted next query's selection
+# pass: TIER and PREFETCH are in units of a token's matmuls, rough (on 2 cores a tiered quest run took about twice an
+# untiered one at 2,048 tokens)
+TIER, PREFETCH = 1.0, 1.0
+def scanned_sum(tokens, s):
+    fm, B = s.split(",")[0].split(":")[0], budget(s, tokens)
+    if fm == "topk": return attended(tokens, tokens)
+    per_page = {"quest": 16, "cluster": 32}.get(fm)
+    return attended(tokens, B) + (tokens * tokens / 2 / per_page if per_page else 0)
+def ppl_select(tokens, specs):
+    t = tokens * a + attended(tokens, tokens) * b   # the shadow
+    for s in specs:
+        t += tokens * a + scanned_sum(tokens, s) * b
+        if "fast=" in s: t += tokens * a * (TIER + (PREFETCH + scanned_sum(tokens, s) * b / tokens / a if "prefetch=1" in s else 0))
     return t
 main, quant, pos, pk = groups
-parts = [("main", ppl(n, n, main)), ("quant", ppl(n, n, quant)), ("pos", ppl(3 * posc, posc, pos)), ("passkey", passkey(pkc, pk))]
+parts = [("main", ppl(n, n, main)), ("quant", ppl(n, n, quant)), ("pos", ppl(3 * posc, posc, pos)), ("passkey", passkey(pkc, pk)),
+         ("select", ppl_select(ns, sel)), ("tiers", ppl_select(ns, tiers)), ("passkey_sel", passkey(pksc, pks, pks_lens, 6, False))]
 print(" ".join("%s=%.0f" % p for p in parts), "total=%.0f" % sum(p[1] for p in parts))
 EOF
 }
-EST=$(estimate "$N" "$S" "$L" "$B10" "$B20" "$POS_C" "$PK_C" "${MAIN[*]}" "${QUANT[*]}" "${POS[*]}" "${PK[*]}")
+EST=$(estimate "$N" "$S" "$L" "$B10" "$B20" "$POS_C" "$PK_C" "${MAIN[*]}" "${QUANT[*]}" "${POS[*]}" "${PK[*]}" \
+    "$NS" "${SEL[*]}" "${TIERS[*]}" "$PKS_C" "$PKS_LENS" "${PKS[*]}")
 FULL_MAIN=(full window:256 window:1024 sink:256 sink:1024 sink:256,pos=cache,sinks=0 sink:256,pos=cache,sinks=1
            sink:256,pos=cache,sinks=2 sink:256,pos=cache,sinks=4 sink:256,pos=cache,sinks=8)
 for b in 820 1640; do for p in window h2o tova scissorhands random; do FULL_MAIN+=("$p:$b"); done; done
@@ -320,7 +377,12 @@ FULL_QUANT=(full,type=f16 full,type=q8 full,type=q4 full,type=q8,residual=64 ful
             full,ktype=q4,vtype=q8 full,ktype=q8,vtype=q4 h2o:1640,type=q8 h2o:1640,type=q4,residual=64)
 PKF=${REPORT_PASSKEY_CTX:-1024}
 FULL_PK=(full "window:$((PKF / 8))" "sink:$((PKF / 8))" "h2o:$((PKF / 8))" "tova:$((PKF / 8))")
-EST_FULL=$(estimate 8192 256 1024 820 1640 8192 "$PKF" "${FULL_MAIN[*]}" "${FULL_QUANT[*]}" "sink:1024 sink:1024,pos=cache" "${FULL_PK[*]}")
+FULL_SEL=(); for b in 64 256; do for p in topk quest cluster blocks h2o sink tova; do FULL_SEL+=("$p:$b"); done; done
+FULL_TIERS=(); for f in 5 10 25; do FULL_TIERS+=("quest:256,fast=$f%" "quest:256,fast=$f%,prefetch=1"); done
+FULL_PKS=(full topk:64,prompt=dense topk:256,prompt=dense quest:64,prompt=dense quest:256,prompt=dense h2o:64 h2o:256
+          tova:256 sink:64 sink:256)
+EST_FULL=$(estimate 8192 256 1024 820 1640 8192 "$PKF" "${FULL_MAIN[*]}" "${FULL_QUANT[*]}" "sink:1024 sink:1024,pos=cache" "${FULL_PK[*]}" \
+    2048 "${FULL_SEL[*]}" "${FULL_TIERS[*]}" 8192 4096,8192 "${FULL_PKS[*]}")
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 fmt() { local kv out=; for kv in $1; do out+="${out:+, }${kv%%=*} $(mmss "${kv#*=}")"; done; echo "$out"; }
 say "estimate for this grid at $OMP_NUM_THREADS thread(s), this load: $(fmt "$EST")"
@@ -351,12 +413,14 @@ watch_progress() {   # NAME I
         line=$(grep -E '^ppl: [0-9]+/[0-9]+ tokens' "$log" | tail -1 || true)   # ppl's own line, every 5 s
         if [ -n "$line" ]; then
             eta=$(echo "$line" | sed -n 's/.*ETA \([0-9]*\)m\([0-9]*\)s.*/\1 \2/p' | awk '{ print $1 * 60 + $2 }')
-        elif [ "$1" = passkey ]; then   # passkey prints a line per policy done
-            k=$(grep -c 'correct; two-turn' "$log" || true)
-            line="$k/${#PK[@]} policies done"
-            [ "$k" -gt 0 ] && eta=$((el * (${#PK[@]} - k) / k))
+        elif [ "$1" = passkey ] || [ "$1" = passkey_sel ]; then   # passkey prints a line per policy done
+            local -n pols=$([ "$1" = passkey ] && echo PK || echo PKS)
+            k=$(grep -cE ': [0-9]+/[0-9]+ correct' "$log" || true)
+            line="$k/${#pols[@]} policies done"
+            [ "$k" -gt 0 ] && eta=$((el * (${#pols[@]} - k) / k))
+            unset -n pols
         else line="loading"; fi
-        say "[$(($2 + 1))/4] $1, $(mmss "$el") in: $line; grid done around $(grid_eta "${eta:-0}" "$2")"
+        say "[$(($2 + 1))/${#STEPS[@]}] $1, $(mmss "$el") in: $line; grid done around $(grid_eta "${eta:-0}" "$2")"
     done
 }
 declare -A SECS
@@ -369,9 +433,9 @@ run_step() {   # I: the I-th step
         return 0
     fi
     rm -f "$out"   # ./run appends to -o
-    say "[$((i + 1))/4] $name: ./run ${args[*]}"
+    say "[$((i + 1))/${#STEPS[@]}] $name: ./run ${args[*]}"
     local est; est=$(scaled "${EST_S[$name]}")
-    say "[$((i + 1))/4] $name: estimated $(mmss "${EST_S[$name]}")$([ "$EST_SUM" = 0 ] || echo ", $(mmss "$est") at the pace so far"), done around $(clock "$est"); grid done around $(grid_eta "$est" "$i")"
+    say "[$((i + 1))/${#STEPS[@]}] $name: estimated $(mmss "${EST_S[$name]}")$([ "$EST_SUM" = 0 ] || echo ", $(mmss "$est") at the pace so far"), done around $(clock "$est"); grid done around $(grid_eta "$est" "$i")"
     echo "report: started: ./run ${args[*]}" >"$log"
     CUR=$name; CUR_T0=$(date +%s)
     watch_progress "$name" "$i" & WATCH=$!
@@ -385,14 +449,14 @@ run_step() {   # I: the I-th step
     MEAS_SUM=$((MEAS_SUM + SECS[$name])); EST_SUM=$((EST_SUM + ${EST_S[$name]}))
     echo "report: seconds: ${SECS[$name]}" >>"$log"
     echo "report: complete: ./run ${args[*]}" >>"$log"
-    say "$name: $(mmss "${SECS[$name]}") (estimated $(mmss "${EST_S[$name]}")); $(grep -E '^(ppl: [0-9.]+ s|.*correct; two-turn)' "$log" | tail -1)"
+    say "$name: $(mmss "${SECS[$name]}") (estimated $(mmss "${EST_S[$name]}")); $(grep -E '^(ppl: [0-9.]+ s|.*: [0-9]+/[0-9]+ correct)' "$log" | tail -1)"
 }
 for i in "${!STEPS[@]}"; do run_step "$i"; done
 [ "$PLOTS_ONLY" = 1 ] || [ -s "$R/passkey.dat" ] || { echo "report: passkey wrote no records" >&2; exit 1; }
 T_RUNS=$(($(date +%s) - T_START))
 INCOMPLETE=$(for s in "${STEPS[@]}"; do [ "$(step_state "$s")" = complete ] || echo -n "$s "; done)
 
-# the records of the four measurements, for both python programs below (each runs as PY_RECORDS + its own text)
+# the records of the measurements, for both python programs below (each runs as PY_RECORDS + its own text)
 PY_RECORDS='
 import json, sys, os
 def records(R, name):   # the JSON lines of R/NAME.dat; an interrupted run may leave its last line cut short
@@ -467,6 +531,52 @@ with open(os.path.join(R, "d_passkey.meta.dat"), "w") as f:
         a = sum(1 for r in two if r["answers"][0] == r["keys"][0]); b = sum(1 for r in two if r["answers"][1] == r["keys"][1])
         tot = [r for r in pk if r["mode"] == "passkey" and r["kv"] == p]
         f.write("policy %s %d %d %d %d %d %d\n" % (p, sum(1 for r in tot if r["correct"]), len(tot), a, len(two), b, len(two)))
+# (f) selection against eviction: KL and recall vs the KV bytes a step reads, one file per family; the top-B recall
+# (the bound) per budget
+MiB = 1048576.0
+SELECTION = ("topk", "quest", "cluster", "blocks")
+sel = [r for r in records(R, "select") if r["kv"] != "shadow"]
+for k, keep in (("sel", lambda r: fam(r["kv"]) in SELECTION), ("evict", lambda r: fam(r["kv"]) not in SELECTION)):
+    with open(os.path.join(R, "f_%s.tab.dat" % k), "w") as f:
+        for r in sorted(filter(keep, sel), key=lambda r: r["kv_read_bytes_per_token"]):
+            f.write('%.6g %.6g %.6g %.6g "%s"\n' % (r["kv_read_bytes_per_token"] / MiB, r["kl"], r["recall"], r["recall_topk"], r["kv"]))
+with open(os.path.join(R, "f_bound.tab.dat"), "w") as f:
+    for B in sorted({r["budget"] for r in sel}):
+        rs = [r["recall_topk"] for r in sel if r["budget"] == B]
+        f.write("%d %.6g\n" % (B, sum(rs) / len(rs)))
+# (g) memory tiers: hit rate and bytes moved vs the fast tier's share of the vectors, one block per prefetch setting
+# (0, then 1)
+def fast_pct(kv): return float(next(x for x in kv.split(",") if x.startswith("fast="))[5:].rstrip("%"))
+tiers = [r for r in records(R, "tiers") if r["kv"] != "shadow" and "fast=" in r["kv"]]
+with open(os.path.join(R, "g_tiers.tab.dat"), "w") as f:
+    for pf in (0, 1):
+        rs = sorted((r for r in tiers if ("prefetch=1" in r["kv"]) == (pf == 1)), key=lambda r: fast_pct(r["kv"]))
+        for r in rs:
+            f.write("%.6g %.6g %.6g %.6g %.6g\n" % (fast_pct(r["kv"]), r["kv_fast_bytes"] / MiB, r["tier_hit_rate"],
+                    r["kv_demand_bytes_per_token"] / MiB, r["kv_prefetch_bytes_per_token"] / MiB))
+        if not rs: f.write("NaN NaN NaN NaN NaN\n")
+        f.write("\n\n")
+# (h) passkey with selection: accuracy vs budget, one block per length and family (full apart, in the meta file)
+pks = [r for r in records(R, "passkey_sel") if r["mode"] == "passkey"]
+plens = sorted({r["length"] for r in pks})
+pfams = []
+for r in pks:
+    if fam(r["kv"]) != "full" and fam(r["kv"]) not in pfams: pfams.append(fam(r["kv"]))
+def acc(rs): return sum(1 for r in rs if r["correct"]) / len(rs)
+with open(os.path.join(R, "h_passkey_sel.tab.dat"), "w") as f:
+    for L in plens:
+        for fm in pfams:
+            f.write("# %d %s\n" % (L, fm))
+            bs = sorted({r["budget"] for r in pks if fam(r["kv"]) == fm and r["length"] == L})
+            for B in bs: f.write("%d %.6g\n" % (B, acc([r for r in pks if fam(r["kv"]) == fm and r["length"] == L and r["budget"] == B])))
+            if not bs: f.write("NaN NaN\n")
+            f.write("\n\n")
+with open(os.path.join(R, "h_passkey_sel.meta.dat"), "w") as f:
+    f.write("lengths %s\n" % " ".join(str(L) for L in plens))
+    f.write("families %s\n" % " ".join(pfams))
+    for L in plens:
+        rs = [r for r in pks if fam(r["kv"]) == "full" and r["length"] == L]
+        f.write("full %d %s\n" % (L, "%.6g" % acc(rs) if rs else "NaN"))
 EOF
 
 # (c) per-token NLL from -tokenlog, one column per chosen policy, then a trailing moving average (awk)
@@ -498,8 +608,15 @@ smooth "$R/e_pos.tab.dat" "$R/e_pos_ma.tab.dat" "$MA_POS"
 
 # ---- plots ------------------------------------------------------------------------------------------------------
 famcol() { case $1 in window) echo '#9467bd';; sink) echo '#1f77b4';; h2o) echo '#2ca02c';; tova) echo '#ff7f0e';;
-    scissorhands) echo '#8c564b';; random) echo '#7f7f7f';; *) echo '#000000';; esac; }
+    scissorhands) echo '#8c564b';; random) echo '#7f7f7f';; topk) echo '#d62728';; quest) echo '#17becf';;
+    cluster) echo '#e377c2';; blocks) echo '#bcbd22';; *) echo '#000000';; esac; }
 have() { [ -s "$R/$1.dat" ] || { say "no $R/$1.dat: skipping its plot"; return 1; }; }
+# drawn() NAME TABLE...: have NAME, and one of its gnuplot tables has a row of numbers (an interrupted run may have
+# recorded only the shadow)
+drawn() {
+    have "$1" || return 1; local t=$1; shift
+    grep -qE '^[0-9]' "$@" 2>/dev/null || { say "$R/$t.dat has no records to draw: skipping its plot"; return 1; }
+}
 GP_HEAD="set terminal $TERM_PNG; set grid lc rgb '#dddddd'; set key outside right top; set tics nomirror"
 label_quick=$([ "$QUICK" = 1 ] && echo " [quick grid, not the full grid]" || echo "")
 SHADOW_PPL=$(cat "$R/a_shadow.tab.dat")
@@ -609,6 +726,81 @@ plot '$R/e_pos_ma.tab.dat' using 1:(\$3 - \$4) with lines lw 2 lc rgb '#d62728' 
 unset multiplot
 EOF
 fi
+# (f) selection (blue) and eviction (red) at the same budgets, each point labelled by its spec; the top-B recall of
+# the shadow's attention (dashed) bounds recall at that budget
+if drawn select "$R/f_sel.tab.dat" "$R/f_evict.tab.dat"; then
+    fsets() {   # COLUMN: the two point sets and their labels, y from COLUMN of f_sel/f_evict
+        echo "'$R/f_sel.tab.dat' using 1:$1 with points pt 7 ps 1.3 lc rgb '#1f77b4' title 'selection (keeps every token)'," \
+             "'' using 1:$1:5 with labels left offset 0.7,0 font ',8' tc rgb '#1f77b4' notitle," \
+             "'$R/f_evict.tab.dat' using 1:$1 with points pt 5 ps 1.3 lc rgb '#d62728' title 'eviction (keeps B tokens)'," \
+             "'' using 1:$1:5 with labels left offset 0.7,0 font ',8' tc rgb '#d62728' notitle"
+    }
+    bounds=(); bcol=('#000000' '#888888' '#555555' '#bbbbbb')
+    i=0
+    while read -r b v; do
+        bounds+=("$v with lines dt 2 lw 2 lc rgb '${bcol[$((i % 4))]}' title 'top-$b recall of the shadow (bound at B=$b)'")
+        i=$((i + 1))
+    done <"$R/f_bound.tab.dat"
+    gnuplot <<EOF
+$GP_HEAD
+set terminal $PNG_T size 900,900
+set output '$OUT/f_select.png'
+set multiplot layout 2,1 title "(f) Selection vs eviction at B = ${SEL_B[*]}, $NS tokens (-c $NS): quality vs KV bytes read per step$label_quick"
+set logscale x; set xlabel 'KV read per step (MiB, kv_read_bytes_per_token)'; set key inside top right
+set logscale y; set ylabel 'KL(shadow || policy), nats / token'
+plot $(fsets 2)
+unset logscale y; set ylabel 'attention-mass recall'; set key inside bottom right
+plot $(fsets 3)$([ ${#bounds[@]} -eq 0 ] || echo ", $(IFS=,; echo "${bounds[*]}")")
+unset multiplot
+EOF
+fi
+# (g) the fast tier: hit rate and bytes moved per token vs its size, with and without prefetch (blocks 0 and 1)
+if drawn tiers "$R/g_tiers.tab.dat"; then
+gnuplot <<EOF
+$GP_HEAD
+set output '$OUT/g_tiers.png'
+set multiplot layout 1,2 title "(g) ${TIERS[0]%%,*} with a fast tier, $NS tokens (-c $NS): hit rate and bytes moved$label_quick"
+set xlabel "fast tier (% of the cache's vectors)"; set key inside bottom right; set offsets graph 0.05, graph 0.05, 0, 0
+set ylabel 'hit rate (tier_hit_rate)'; set yrange [0:1.05]
+plot '$R/g_tiers.tab.dat' index 0 using 1:3 with linespoints lw 2 pt 7 lc rgb '#d62728' title 'prefetch=0', \
+     '' index 1 using 1:3 with linespoints lw 2 pt 7 lc rgb '#1f77b4' title 'prefetch=1'
+set ylabel 'MiB moved per token'; set autoscale y; set yrange [0:*]; set key inside top right
+plot '$R/g_tiers.tab.dat' index 0 using 1:4 with linespoints lw 2 pt 7 lc rgb '#d62728' title 'on a miss, prefetch=0', \
+     '' index 1 using 1:4 with linespoints lw 2 pt 7 lc rgb '#1f77b4' title 'on a miss, prefetch=1', \
+     '' index 1 using 1:5 with linespoints lw 2 pt 5 dt 2 lc rgb '#17becf' title 'prefetched, prefetch=1'
+unset multiplot
+EOF
+fi
+# (h) passkey with selection: accuracy vs B per family, one panel per length; full as a dashed line
+if drawn passkey_sel "$R/h_passkey_sel.tab.dat"; then
+read -r _ PLENS < <(grep '^lengths' "$R/h_passkey_sel.meta.dat")
+read -r _ PFAMS < <(grep '^families' "$R/h_passkey_sel.meta.dat")
+NL=$(echo "$PLENS" | wc -w); NF_=$(echo "$PFAMS" | wc -w)
+{
+    echo "$GP_HEAD"
+    echo "set terminal $PNG_T size $((NL * 450 + 160)),460"
+    echo "set output '$OUT/h_passkey_sel.png'"
+    echo "set multiplot layout 1,$NL title \"(h) Passkey accuracy vs budget B (3 depths x 2 keys per length), -c $PKS_C$label_quick\""
+    echo "set logscale x 2; set xlabel 'B (tokens read per query, or kept)'; set ylabel 'accuracy (correct / keys)'"
+    echo "set yrange [-0.05:1.05]; set key inside bottom right"
+    echo "set xrange [$(awk 'NF == 2 && $1 != "NaN" { if (!lo || $1 < lo) lo = $1; if ($1 > hi) hi = $1 }
+        END { printf "%g:%g", (lo ? lo : 1) / 1.5, (hi ? hi : 1) * 1.5 }' "$R/h_passkey_sel.tab.dat")]"
+    li=0
+    for L in $PLENS; do
+        echo "set title 'length $L'"
+        fa=$(awk -v L="$L" '$1 == "full" && $2 == L { print $3 }' "$R/h_passkey_sel.meta.dat")
+        pl=(); fi=0
+        for fm in $PFAMS; do
+            pl+=("'$R/h_passkey_sel.tab.dat' index $((li * NF_ + fi)) using 1:2 with linespoints lw 2 pt 7 lc rgb '$(famcol "$fm")' title '$fm'")
+            fi=$((fi + 1))
+        done
+        [ -z "$fa" ] || [ "$fa" = NaN ] || pl+=("$fa with lines dt 2 lw 2 lc rgb 'black' title 'full'")
+        echo "plot $(IFS=,; echo "${pl[*]}")"
+        li=$((li + 1))
+    done
+    echo "unset multiplot"
+} | gnuplot
+fi
 T_END=$(date +%s)
 
 # ---- REPORT.md --------------------------------------------------------------------------------------------------
@@ -616,11 +808,13 @@ T_END=$(date +%s)
     "$T_RUNS" "$EST" "$EST_FULL" "$(cat "$CAL")" "$THROUGHPUT" "$OMP_NUM_THREADS" "$NPROC" \
     "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- '*.c' '*.h' Makefile 2>/dev/null || echo ' (with uncommitted changes to the engine)')" \
-    "$(du -b "$MODEL" | cut -f1)" "$(ntok "$TEXT")" "$(ntok "$TEXT3")" "$PKF"
+    "$(du -b "$MODEL" | cut -f1)" "$(ntok "$TEXT")" "$(ntok "$TEXT3")" "$PKF" "$NS" "$TIER_B" "$PKS_C"
 (R, OUT, invoke, incomplete, quick, N, S, L, B10, B20, posc, posb, pkc, ma, ma_pos, secs, secs_runs, est, est_full, cal,
- throughput, threads, nproc, cpu, load, git, model_bytes, ntext, ntext3, pkf) = sys.argv[1:]
+ throughput, threads, nproc, cpu, load, git, model_bytes, ntext, ntext3, pkf, ns, tierb, pksc) = sys.argv[1:]
 quick = quick == "1"
 main, quant, pos, pk = (records(R, k) for k in ("main", "quant", "pos", "passkey"))
+sel, tiers, pks = (records(R, k) for k in ("select", "tiers", "passkey_sel"))
+STEPS = ("main", "quant", "pos", "passkey", "select", "tiers", "passkey_sel")
 def parse_kv(s): return dict(x.split("=") for x in s.split())
 E, EF, C = parse_kv(est), parse_kv(est_full), parse_kv(cal)
 mmss = lambda s: "%dm%02ds" % (int(float(s)) // 60, int(float(s)) % 60)
@@ -656,19 +850,20 @@ w("| threads | OMP_NUM_THREADS=%s |" % threads)
 w("| load average at the end | %s (other jobs shared the machine: times are this run's, not the machine's) |" % load)
 w("| kvlab | `git` %s in the JSON (compiled into eval.o, stale if eval.c was not rebuilt since); checkout at %s; `-chunk 64` |"
   % (main[0]["git"] if main else "?", git))
-steps = [took(k) for k in ("main", "quant", "pos", "passkey")]
-w("| run time | %s for the four measurements (%s), from their logs; the throughput measurement, text preparation "
+steps = [took(k) for k in STEPS]
+w("| run time | %s for the %d measurements (%s), from their logs; the throughput measurement, text preparation "
   "and plots add a minute or two |" % (mmss(sum(x for x in steps if x is not None)) if all(x is not None for x in steps) else "?",
-  ", ".join("%s %s" % (k, mmss(x) if x is not None else "?") for k, x in zip(("main", "quant", "pos", "passkey"), steps))))
+  len(STEPS), ", ".join("%s %s" % (k, mmss(x) if x is not None else "?") for k, x in zip(STEPS, steps))))
 w("| measured throughput | %s |" % throughput)
-w("| this grid: estimated / measured | " + ", ".join("%s %s / %s" % (k, mmss(E[k]), mmss(took(k)) if took(k) is not None else "?") for k in ("main", "quant", "pos", "passkey"))
+w("| this grid: estimated / measured | " + ", ".join("%s %s / %s" % (k, mmss(E[k]), mmss(took(k)) if took(k) is not None else "?") for k in STEPS)
   + "; total %s |" % mmss(E["total"]))
-w("| estimate for the full grid | %s (main %s, quant %s, pos %s, passkey at -c %s %s) at %s thread(s), load average %s when measured |"
-  % (hms(EF["total"]), mmss(EF["main"]), mmss(EF["quant"]), mmss(EF["pos"]), pkf, mmss(EF["passkey"]), threads, C["load"]))
+w("| estimate for the full grid | %s (main %s, quant %s, pos %s, passkey at -c %s %s, select %s, tiers %s, passkey_sel %s) at %s thread(s), load average %s when measured |"
+  % (hms(EF["total"]), mmss(EF["main"]), mmss(EF["quant"]), mmss(EF["pos"]), pkf, mmss(EF["passkey"]), mmss(EF["select"]),
+     mmss(EF["tiers"]), mmss(EF["passkey_sel"]), threads, C["load"]))
 w("")
 w("The estimate is a cost model fitted before the runs: per token and policy run a fixed cost (the matmuls, measured "
-  "with a window:8 cache) plus a cost per attended token (measured with `full`), plus unbatched decode steps for "
-  "passkey answers.\n")
+  "with a window:8 cache) plus a cost per attended token (measured with `full`; a selection policy's per key it "
+  "scans), plus unbatched decode steps for passkey answers.\n")
 def cmd(rs): return rs[0]["cmd"] if rs else "(not run)"
 def f(x, d=4): return ("%%.%df" % d) % x
 def ppl_table(rs):
@@ -741,6 +936,61 @@ for p in pols:
     w("| `%s` | %d/%d | %d/%d | %d/%d | %s |" % (p, sum(r["correct"] for r in one), len(one),
       sum(r["answers"][0] == r["keys"][0] for r in two), len(two), sum(r["answers"][1] == r["keys"][1] for r in two), len(two),
       "`%s` (%d×)" % (top[0].strip().replace("|", "\\|").replace("`", "'"), top[1]) if top else ""))
+w("")
+mib = lambda x: "%.2f" % (x / 1048576) if x is not None else ""
+g = lambda r, k, d=4: f(r[k], d) if r.get(k) is not None else ""
+w("## Selection against eviction: quality per byte read\n")
+w("![(f)](f_select.png)\n")
+w("Command:\n\n    %s\n" % cmd(sel))
+w("The first %s tokens, `-c %s`. A selection policy (`topk`, `quest`, `cluster`, `blocks`) keeps every token and each "
+  "query reads B of them; an evicting one (`h2o`, `sink`, `tova`) keeps B. x: the KV bytes attention read per step "
+  "(`kv_read_bytes_per_token`, every lane, the selector's own reads included: topk's full score pass, quest's page "
+  "bounds, cluster's centroids); top: KL, bottom: attention-mass recall, with the recall of the exact top-B positions "
+  "of the shadow's attention (`recall_topk`) dashed, the bound no choice of B positions beats on the shadow's "
+  "queries. Resident: `kv_peak_live_bytes`.\n" % (ns, ns))
+w("| spec | KL | top-1 | recall | top-B recall | keys scanned per query | read MiB per step | resident MiB |")
+w("|---|---|---|---|---|---|---|---|")
+for r in sel:
+    name = "shadow (full, f32)" if r["kv"] == "shadow" else "`%s`" % r["kv"]
+    w("| %s | %s | %s | %s | %s | %s | %s | %s |" % (name, g(r, "kl", 5), g(r, "top1"), g(r, "recall"), g(r, "recall_topk"),
+      g(r, "keys_scanned_per_query", 1), mib(r.get("kv_read_bytes_per_token")), mib(r.get("kv_peak_live_bytes"))))
+w("")
+w("## Memory tiers: hit rate and bytes moved\n")
+w("![(g)](g_tiers.png)\n")
+w("Command:\n\n    %s\n" % cmd(tiers))
+w("`quest:%s` over the same %s tokens with a fast tier of 5%%, 10%% and 25%% of the cache's vectors (`fast=P%%`), with "
+  "and without `prefetch=1` (the next layer's query predicted from this layer's input, its selection moved in ahead). "
+  "Moved on a miss: `kv_demand_bytes_per_token`; prefetched: `kv_prefetch_bytes_per_token`; wasted: prefetched and "
+  "evicted unread. The stall per token is modelled: demand / link + max(0, prefetched / link − compute), at the "
+  "default `-link` of 64 GB/s, with the compute this CPU measured per token; the data do not move on a CPU, so it is "
+  "bookkeeping, not a timing of a tier.\n" % (tierb, ns))
+w("| spec | fast tier MiB | hit rate | moved on a miss, MiB/token | prefetched, MiB/token | prefetch hit rate | wasted, MiB/token | stall, ms/token | compute, ms/token |")
+w("|---|---|---|---|---|---|---|---|---|")
+for r in tiers:
+    if r["kv"] == "shadow": continue
+    pf = "prefetch=1" in r["kv"]
+    w("| `%s` | %s | %s | %s | %s | %s | %s | %s | %s |" % (r["kv"], mib(r.get("kv_fast_bytes")), g(r, "tier_hit_rate"),
+      "%.3f" % (r["kv_demand_bytes_per_token"] / 1048576), "%.3f" % (r["kv_prefetch_bytes_per_token"] / 1048576) if pf else "",
+      g(r, "prefetch_hit_rate", 3) if pf else "", "%.3f" % (r["kv_wasted_bytes_per_token"] / 1048576) if pf else "",
+      g(r, "stall_ms_per_token", 3), g(r, "compute_ms_per_token", 2)))
+w("")
+w("## Passkey with selection\n")
+w("![(h)](h_passkey_sel.png)\n")
+w("Command:\n\n    %s\n" % cmd(pks))
+w("Accuracy (correct/keys; depths .25, .5, .75, 2 seeded keys each) by policy and prompt length, `-c %s`. The "
+  "selection policies read the prompt densely (`prompt=dense`) and select only while answering, as Quest decodes; "
+  "the evicting ones keep B tokens through the prompt.\n" % pksc)
+one = [r for r in pks if r["mode"] == "passkey"]
+plens = sorted({r["length"] for r in one})
+w("| policy | " + " | ".join("length %d" % L for L in plens) + " | all |")
+w("|---|" + "---|" * (len(plens) + 1))
+ppols = []
+for r in one:
+    if r["kv"] not in ppols: ppols.append(r["kv"])
+for p in ppols:
+    cell = lambda rs: "%d/%d" % (sum(1 for r in rs if r["correct"]), len(rs)) if rs else ""
+    w("| `%s` | %s | %s |" % (p, " | ".join(cell([r for r in one if r["kv"] == p and r["length"] == L]) for L in plens),
+      cell([r for r in one if r["kv"] == p])))
 w("")
 w("## Reproducing\n")
 w("`%s` reruns everything and writes this report to `%s/` (measurements whose JSON in `%s/*.dat` is complete are "

@@ -236,6 +236,7 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
     } else if (!strcmp(a, "-link")) {
         if (parse_float(v, 0, 1e6, &x) || x == 0) return errorf(err, errlen, "bad -link '%s': GB/s in (0, 1e6]", v);
         o->link_gbs = x;
+        o->link_set = 1;
     } else if (!strcmp(a, "-chunk")) {
         if (parse_long(v, 1, 1 << 16, &n)) return errorf(err, errlen, "bad -chunk '%s': a chunk size in [1, 65536]", v);
         o->chunk = (int)n;
@@ -472,6 +473,16 @@ int cli_main(int argc, char **argv) {
             fatal("-kv %s chooses its full lanes on a calibration text: give it with -calib FILE (the lanes where "
                   "%s's streaming form keeps the least of the shadow's attention over the text's first -c tokens "
                   "keep every token)", o.kv[k], spec.name);
+    }
+    if (o.link_set) {   /* -link is read by fast= tiers only: given without one it would change nothing */
+        int tiers = 0;
+        for (int k = 0; k < o.n_kv; k++) {
+            KVSpec spec;
+            kv_spec_parse(&spec, o.kv[k], o.kvt, err, sizeof err);   /* parsed above already */
+            tiers |= spec.fast_bytes || spec.fast_frac > 0;
+        }
+        if (!tiers) fatal("-link sets the slow memory tier's bandwidth for the stall time of a fast= tier, and no -kv "
+                          "spec has one (add fast=BYTES or fast=P%% to a spec, or drop -link)");
     }
     if (o.calib) {   /* said now, before any work; read_file reads it whole when the calibration runs */
         FILE *f = fopen(o.calib, "rb");

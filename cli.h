@@ -30,6 +30,7 @@ typedef struct {
     const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;
     double link_gbs;     /* -link: the slow tier's bandwidth, GB/s (1e9 bytes/s) */
+    int link_set;        /* -link was given */
     unsigned long long seed;
     KVType kvt;
     int argc;            /* the command line, for the records of -o */

@@ -1318,6 +1318,7 @@ int run_passkey(Model *m, const Options *o) {
         PolicyRun r;
         policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
         if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
+        double t_policy = now_s();
         fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");
         for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.4g", depths[di]);
         fprintf(stderr, "\n");
@@ -1403,6 +1404,13 @@ int run_passkey(Model *m, const Options *o) {
                     r.cache.spec.text, total_ok, total, longest, two_ok[0], two_asked, two_ok[1], two_asked,
                     stopped ? " (stopped early)" : "");
         else fprintf(stderr, "%s: %d/%d correct%s\n", r.cache.spec.text, total_ok, total, stopped ? " (stopped early)" : "");
+        if (r.cache.tiers) {   /* over every token of every question, the wall time per token as its compute */
+            long steps = r.cache.steps_read;
+            double cs = steps ? (now_s() - t_policy) / steps : 0;
+            KVTierFigures x = tier_figures(&r.cache, NULL, steps, cs, o->link_gbs);
+            fprintf(stderr, "memory tiers (modelled; the slow tier's link at %g GB/s, -link):\n", o->link_gbs);
+            tier_print(stderr, &r.cache, &x, cs);
+        }
         policy_run_free(&r);
     }
     if (stopped) fprintf(stderr, "passkey: stopped by %s: the question being asked was dropped; every answer above "

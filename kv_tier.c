@@ -107,6 +107,9 @@ int kv_tier_init(KVCache *c, char *err, size_t errlen) {
     for (int b = 0; b < c->n_bands; b++)
         if (c->band_kb[b] + c->band_vb[b] > slot_max) slot_max = c->band_kb[b] + c->band_vb[b];
     size_t cap = sp->fast_bytes ? sp->fast_bytes : (size_t)(sp->fast_frac * (double)vec);
+    if (cap > vec)
+        return errorf(err, errlen, "fast=%s in '%s' is %zu B, more than the cache's %zu B of vectors: every slot "
+                      "would fit in the fast tier (fast=100%% is the largest)", sp->fast_text, sp->text, cap, vec);
     if (cap / (size_t)n_lanes < slot_max)
         return errorf(err, errlen, "fast=%s in '%s' is %zu B, less than one slot (%zu B of key and value) for each "
                       "of the %d lanes (%zu B)", sp->fast_text, sp->text, cap, slot_max, n_lanes,
@@ -287,7 +290,7 @@ KVTierFigures kv_tier_figures(const KVTierStats *now, const KVTierStats *before,
 
 void kv_tier_line(char *buf, size_t len, const KVCache *c, const KVTierFigures *f, double compute_s) {
     const double MiB = 1048576.0;
-    snprintf(buf, len, "fast tier %.2f MiB (peak %.2f MiB, %.0f%% of the cache's %.2f MiB of vectors), hit rate "
+    snprintf(buf, len, "fast tier %.2f MiB (peak %.2f MiB, %.1f%% of the cache's %.2f MiB of vectors), hit rate "
              "%.4f, moved %.3f MiB/token on a miss + %.3f MiB/token prefetched (prefetch hit rate %.4f, wasted %.3f "
              "MiB/token, the predictor read %.3f MiB/token), stall %.3f ms/token modelled over %.3f ms/token compute",
              c->tier.cap / MiB, c->tier.fast_peak / MiB, c->tier.vec_alloc ? 100.0 * c->tier.cap / c->tier.vec_alloc : 0,

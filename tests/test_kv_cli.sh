@@ -123,6 +123,10 @@ else fail "topk:100 with -c 32: exit $rc, $(wc -w <"$tmp/out") tokens, $(grep -o
 expect_error "full,fast=1B" "fast=1B" "less than one slot"
 expect_error "full,prefetch=1" "prefetch=1" "needs a fast tier"
 expect_error "full,fast=abc" "bad fast=abc" "25%"
+expect_error "full,fast=1GiB" "fast=1GiB" "more than the cache's" "fast=100% is the largest"
+"$RUN" "$M" -t 0 -n 4 -i "$PROMPT" -kv window:8 -link 32 >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "no -kv spec has one" "$tmp/err"; then pass "-link without a fast= tier -> $(head -1 "$tmp/err" | head -c 120)"
+else fail "-link without a tier: exit $rc, $(head -c 200 "$tmp/err")"; fi
 "$RUN" "$M" -t 0 -n 4 -i "$PROMPT" -link 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
 if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "bad -link '0'" "$tmp/err"; then pass "./run -link 0 -> $(head -1 "$tmp/err")"
 else fail "./run -link 0: exit $rc, $(head -c 200 "$tmp/err")"; fi

@@ -103,7 +103,9 @@ int kv_tier_init(KVCache *c, char *err, size_t errlen) {
     }
     int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
     size_t vec = 0, slot_max = 0;
-    for (int i = 0; i < n_lanes; i++) vec += kv_lane_bytes(c, i / c->shape.n_kv_heads, i % c->shape.n_kv_heads).vec_alloc;
+    for (int i = 0; i < n_lanes; i++)   /* the lanes' vector bytes, as kv_bytes counts them (kv.c) */
+        for (int b = 0; b < c->n_bands; b++)
+            vec += (size_t)c->lanes[i].band_slots[b] * (c->band_kb[b] + c->band_vb[b]);
     for (int b = 0; b < c->n_bands; b++)
         if (c->band_kb[b] + c->band_vb[b] > slot_max) slot_max = c->band_kb[b] + c->band_vb[b];
     size_t cap = sp->fast_bytes ? sp->fast_bytes : (size_t)(sp->fast_frac * (double)vec);

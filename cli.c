@@ -462,11 +462,12 @@ int cli_main(int argc, char **argv) {
                           o.model_path);
     outputs_check(&o);
     /* every -kv spec is checked before anything runs or any note is printed; -calib must have a spec that reads it */
-    int calib_readers = 0;
+    int calib_readers = 0, tiers = 0;
     for (int k = 0; k < o.n_kv; k++) {
         KVSpec spec;
         if (kv_spec_parse(&spec, o.kv[k], o.kvt, err, sizeof err) || kv_spec_check_mode(&spec, o.mode, err, sizeof err))
             fatal("-kv: %s", err);
+        tiers |= spec.fast_bytes || spec.fast_frac > 0;
         if (!kv_policy_find(spec.name)->calib_full) continue;
         calib_readers++;
         if (!o.calib)
@@ -474,16 +475,9 @@ int cli_main(int argc, char **argv) {
                   "%s's streaming form keeps the least of the shadow's attention over the text's first -c tokens "
                   "keep every token)", o.kv[k], spec.name);
     }
-    if (o.link_set) {   /* -link is read by fast= tiers only: given without one it would change nothing */
-        int tiers = 0;
-        for (int k = 0; k < o.n_kv; k++) {
-            KVSpec spec;
-            kv_spec_parse(&spec, o.kv[k], o.kvt, err, sizeof err);   /* parsed above already */
-            tiers |= spec.fast_bytes || spec.fast_frac > 0;
-        }
-        if (!tiers) fatal("-link sets the slow memory tier's bandwidth for the stall time of a fast= tier, and no -kv "
-                          "spec has one (add fast=BYTES or fast=P%% to a spec, or drop -link)");
-    }
+    if (o.link_set && !tiers)   /* -link is read by fast= tiers only: given without one it would change nothing */
+        fatal("-link sets the slow memory tier's bandwidth for the stall time of a fast= tier, and no -kv "
+              "spec has one (add fast=BYTES or fast=P%% to a spec, or drop -link)");
     if (o.calib) {   /* said now, before any work; read_file reads it whole when the calibration runs */
         FILE *f = fopen(o.calib, "rb");
         if (!f) fatal("-calib '%s': cannot open it: %s", o.calib, strerror(errno));

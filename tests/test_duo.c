@@ -157,14 +157,8 @@ static void test_unmasked_is_sink(void) {
 /* ---- 2. spec errors ---- */
 static void expect_init_error(const char *spec_text, const char *needle, const char *needle2) {
     KVShape s = tshape(L, NH, NKV, HD, T);
-    KVSpec sp;
-    KVCache c;
-    char err[512] = "";
-    int rc = kv_spec_parse(&sp, spec_text, KV_F32, err, sizeof err);
-    if (!rc) {
-        rc = kv_cache_init(&c, &s, &sp, err, sizeof err);
-        if (!rc) kv_cache_free(&c);
-    }
+    char err[512];
+    int rc = tcache_error(&s, spec_text, err, sizeof err);
     CHECK(rc == -1 && strstr(err, needle) && strstr(err, needle2), "'%s' (-c %d) is an error naming '%s' and '%s': %s",
           spec_text, T, needle, needle2, err);
 }

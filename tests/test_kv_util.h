@@ -52,6 +52,18 @@ static inline int tcache(KVCache *c, const KVShape *s, const char *spec_text) {
     return 0;
 }
 
+/* Parse + init a spec expected to fail: returns kv_spec_parse's or kv_cache_init's status (a cache made after all is
+ * freed), the message in err. */
+static inline int tcache_error(const KVShape *s, const char *spec_text, char *err, size_t errlen) {
+    KVSpec sp;
+    KVCache c;
+    err[0] = 0;
+    int rc = kv_spec_parse(&sp, spec_text, KV_F32, err, errlen);
+    if (!rc) rc = kv_cache_init(&c, s, &sp, err, errlen);
+    if (!rc) kv_cache_free(&c);
+    return rc;
+}
+
 /* The dense attention of one query head in double, the reference the policy tests compare outputs with: q (hd) and
  * keys k (n, hd) as the caller rotated them (or not), value rows v[i] (hd, f32); returns max_j |o_j - out[j]| for
  * o = softmax(q·k_i/√hd)·V (INFINITY when out holds a NaN). */

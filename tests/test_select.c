@@ -654,12 +654,8 @@ static void test_cluster(void) {
 /* ---- 4. budget rules ---- */
 static void expect_init_error(const char *spec, const char *needle, const char *needle2) {
     KVShape s = sshape(64, 1);
-    KVSpec sp;
-    KVCache c;
-    char err[512] = "";
-    int rc = kv_spec_parse(&sp, spec, KV_F32, err, sizeof err);
-    if (!rc) rc = kv_cache_init(&c, &s, &sp, err, sizeof err);
-    if (!rc) kv_cache_free(&c);
+    char err[512];
+    int rc = tcache_error(&s, spec, err, sizeof err);
     CHECK(rc == -1 && strstr(err, needle) && (!needle2 || strstr(err, needle2)), "'%s' is refused with a message "
           "naming '%s'%s%s (%s)", spec, needle, needle2 ? " and " : "", needle2 ? needle2 : "", err);
 }

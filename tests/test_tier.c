@@ -264,12 +264,8 @@ static void test_clone(void) {
 
 static void expect_error(const char *spec, const char *needle) {
     KVShape s = tshape(NL, NH, NKV, HD, MAXT);
-    KVSpec sp;
-    KVCache c;
-    char err[512] = "";
-    int rc = kv_spec_parse(&sp, spec, KV_F32, err, sizeof err);
-    if (!rc) rc = kv_cache_init(&c, &s, &sp, err, sizeof err);
-    if (!rc) kv_cache_free(&c);
+    char err[512];
+    int rc = tcache_error(&s, spec, err, sizeof err);
     CHECK(rc != 0 && strstr(err, needle), "tier spec '%s' refused: %s", spec, err);
 }
 

@@ -102,7 +102,8 @@ void usage(FILE *f) {
     }
     fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
-               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, prec=T:N/.../T, pos=orig|cache, "
+               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, prec|kprec|vprec=T:N/.../T, "
+               "pos=orig|cache, "
                "agg=mean|max, fast=BYTES|P%%, prefetch=0|1\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
@@ -139,6 +140,9 @@ void usage_policies(FILE *f) {
                "                            newest tokens in f32, the next 512 in q8, the rest in q4 (instead of type=\n"
                "                            and residual=; residual=R with type=T is prec=f32:R/T); at most 4 bands,\n"
                "                            clipped to the lane (the last band takes what is left)\n"
+               "  kprec=..., vprec=...      precision by age for keys and values apart (instead of prec=; kprec=\n"
+               "                            excludes ktype=, vprec= vtype=): kprec=f32:64/q4,vprec=f32:256/q8; a\n"
+               "                            lane's bands are the union of the two schedules' boundaries\n"
                "  pos=orig|cache            RoPE by original position (default) or by rank in the cache (StreamingLLM)\n"
                "  agg=mean|max              how a GQA group's attention is aggregated for the policy, default mean\n"
                "  fast=BYTES|P%%             a fast memory tier of BYTES (64MiB) or P%% of the cache's vector bytes over a\n"

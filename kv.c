@@ -152,7 +152,7 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
 }
 
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4"
-#define COMMON_KEYS "type, ktype, vtype, residual, prec, pos, agg, fast, prefetch"
+#define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch"
 
 /* fast=BYTES ("64MiB", "512KiB", "4096B", "4096") or fast=P% (0 < P <= 100, of the cache's vector bytes). 0, or -1. */
 static int parse_fast(KVSpec *sp, const char *val) {
@@ -173,43 +173,51 @@ static int parse_fast(KVSpec *sp, const char *val) {
     return sp->fast_bytes ? 0 : -1;
 }
 
-/* prec=T0:N0/T1:N1/.../TL: the precision bands, newest first; every band but the last gives its slots. 0, or -1 +
- * message. */
-static int parse_prec(KVSpec *sp, const char *val, const char *text, char *err, size_t errlen) {
+/* prec=T0:N0/T1:N1/.../TL (key "prec", "kprec" or "vprec"): the precision bands, newest first; every band but the
+ * last gives its slots. kind: 0 keys, 1 values, 2 both. 0, or -1 + message. */
+static int parse_prec(KVSpec *sp, const char *key, int kind, const char *val, const char *text, char *err,
+                      size_t errlen) {
     char buf[64];
-    if (strlen(val) >= sizeof buf) return errorf(err, errlen, "prec=%s in '%s' is too long", val, text);
+    KVType ty_of[KV_MAX_PREC];
+    int slots_of[KV_MAX_PREC];
+    if (strlen(val) >= sizeof buf) return errorf(err, errlen, "%s=%s in '%s' is too long", key, val, text);
     strcpy(buf, val);
     int n = 0;
     char *save = NULL;
     for (char *part = strtok_r(buf, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
-        if (n == KV_MAX_BANDS)
-            return errorf(err, errlen, "prec=%s in '%s' has more than %d bands", val, text, KV_MAX_BANDS);
+        if (n == KV_MAX_PREC)
+            return errorf(err, errlen, "%s=%s in '%s' has more than %d bands", key, val, text, KV_MAX_PREC);
         char *colon = strchr(part, ':');
         if (colon) *colon = 0;
         int ty = kv_type_parse(part);
-        if (ty < 0) return errorf(err, errlen, "unknown storage type '%s' in prec=%s ('%s'); types: " TYPE_CHOICES,
-                                  part, val, text);
-        sp->prec_type[n] = (KVType)ty;
-        sp->prec_slots[n] = 0;
+        if (ty < 0) return errorf(err, errlen, "unknown storage type '%s' in %s=%s ('%s'); types: " TYPE_CHOICES,
+                                  part, key, val, text);
+        ty_of[n] = (KVType)ty;
+        slots_of[n] = 0;
         if (colon) {
             char *end;
             long x = strtol(colon + 1, &end, 10);
             if (end == colon + 1 || *end || x < 1 || x > 1 << 24)
-                return errorf(err, errlen, "bad band '%s:%s' in prec=%s ('%s'): TYPE:TOKENS with tokens in [1, %d]",
-                              part, colon + 1, val, text, 1 << 24);
-            sp->prec_slots[n] = (int)x;
+                return errorf(err, errlen, "bad band '%s:%s' in %s=%s ('%s'): TYPE:TOKENS with tokens in [1, %d]",
+                              part, colon + 1, key, val, text, 1 << 24);
+            slots_of[n] = (int)x;
         }
         n++;
     }
     if (n == 0 || val[0] == '/' || val[strlen(val) - 1] == '/' || strstr(val, "//"))
-        return errorf(err, errlen, "bad prec=%s in '%s': TYPE:TOKENS/.../TYPE, newest first, e.g. prec=f32:64/q8:512/q4",
-                      val, text);
+        return errorf(err, errlen, "bad %s=%s in '%s': TYPE:TOKENS/.../TYPE, newest first, e.g. %s=f32:64/q8:512/q4",
+                      key, val, text, key);
     for (int b = 0; b < n; b++)
-        if ((b < n - 1) != (sp->prec_slots[b] > 0))
-            return errorf(err, errlen, "bad prec=%s in '%s': every band but the last gives its tokens (TYPE:TOKENS), "
-                          "the last takes the rest (TYPE), e.g. prec=f32:64/q8:512/q4", val, text);
-    sp->n_prec = n;
-    sp->ktype = sp->vtype = sp->prec_type[n - 1];
+        if ((b < n - 1) != (slots_of[b] > 0))
+            return errorf(err, errlen, "bad %s=%s in '%s': every band but the last gives its tokens (TYPE:TOKENS), "
+                          "the last takes the rest (TYPE), e.g. %s=f32:64/q8:512/q4", key, val, text, key);
+    for (int which = 0; which < 2; which++) {
+        if (kind != 2 && kind != which) continue;
+        sp->n_prec[which] = n;
+        memcpy(sp->prec_type[which], ty_of, sizeof ty_of);
+        memcpy(sp->prec_slots[which], slots_of, sizeof slots_of);
+        if (which == 0) sp->ktype = ty_of[n - 1]; else sp->vtype = ty_of[n - 1];
+    }
     return 0;
 }
 
@@ -243,9 +251,10 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
     if (colon && sp->budget == 0 && sp->budget_bytes == 0)
         return errorf(err, errlen, "budget 0 in '%s': a lane needs at least one slot; give tokens per lane (1024) "
                       "or bytes for the whole cache (64MiB)", text);
-    /* each common key once; type= and ktype=/vtype= exclude each other in either order */
+    /* each common key once; type= and ktype=/vtype= exclude each other in either order, and prec= (kprec=,
+     * vprec=) excludes the keys that give the same kind's types */
     int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0, seen_prec = 0, seen_fast = 0,
-        seen_prefetch = 0;
+        seen_prefetch = 0;   /* seen_kv, seen_prec: bit 1 keys (ktype=, kprec=), 2 values (vtype=, vprec=), 4 both */
     while ((part = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(part, '=');
         if (!eq || eq == part || !eq[1])
@@ -258,8 +267,10 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
             if (ty < 0) return errorf(err, errlen, "unknown storage type %s=%s in '%s'; types: " TYPE_CHOICES,
                                       key, val, text);
             int bit = key[0] == 't' ? 4 : key[0] == 'k' ? 1 : 2;
-            if (seen_prec)
-                return errorf(err, errlen, "'%s' conflicts with prec= in '%s': prec= gives every band's type", key, text);
+            int clash = seen_prec & (bit == 4 ? 7 : bit | 4);
+            if (clash)
+                return errorf(err, errlen, "'%s' conflicts with %s in '%s': it gives every band's type", key,
+                              clash & 4 ? "prec=" : clash & 1 ? "kprec=" : "vprec=", text);
             if ((bit == 4 && seen_kv) || (bit != 4 && seen_type))
                 return errorf(err, errlen, "'%s' conflicts with type= in '%s': give type= or ktype=/vtype=", key, text);
             if (seen_kv & bit) return errorf(err, errlen, "option '%s' given twice in '%s'", key, text);
@@ -272,17 +283,22 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
             if (*end || end == val || r < 0 || r > 1 << 24)
                 return errorf(err, errlen, "bad residual=%s in '%s': a token count >= 0", val, text);
             if (seen_prec)
-                return errorf(err, errlen, "residual= conflicts with prec= in '%s': residual=R with type=T is "
-                              "prec=f32:R/T", text);
+                return errorf(err, errlen, "residual= conflicts with %s in '%s': residual=R with type=T is "
+                              "prec=f32:R/T", seen_prec & 4 ? "prec=" : seen_prec & 1 ? "kprec=" : "vprec=", text);
             sp->residual = (int)r;
             seen = &seen_res;
-        } else if (!strcmp(key, "prec")) {
-            if (seen_type || seen_kv || seen_res)
-                return errorf(err, errlen, "prec= conflicts with type=, ktype=, vtype= and residual= in '%s': prec= "
-                              "gives every band's type (residual=R with type=T is prec=f32:R/T)", text);
-            if (seen_prec) return errorf(err, errlen, "option 'prec' given twice in '%s'", text);
-            if (parse_prec(sp, val, text, err, errlen)) return -1;
-            seen_prec = 1;
+        } else if (!strcmp(key, "prec") || !strcmp(key, "kprec") || !strcmp(key, "vprec")) {
+            int bit = key[0] == 'p' ? 4 : key[0] == 'k' ? 1 : 2;
+            if (seen_type || seen_res || (bit == 4 ? seen_kv : seen_kv & bit))
+                return errorf(err, errlen, "%s= conflicts with type=, %s and residual= in '%s': %s= gives every "
+                              "band's type (residual=R with type=T is prec=f32:R/T)", key,
+                              bit == 4 ? "ktype=, vtype=" : bit == 1 ? "ktype=" : "vtype=", text, key);
+            if (seen_prec & bit) return errorf(err, errlen, "option '%s' given twice in '%s'", key, text);
+            if ((bit == 4 && seen_prec) || (bit != 4 && seen_prec & 4))
+                return errorf(err, errlen, "prec= conflicts with kprec= and vprec= in '%s': give prec= (keys and "
+                              "values alike) or kprec=/vprec=", text);
+            if (parse_prec(sp, key, bit == 4 ? 2 : bit == 1 ? 0 : 1, val, text, err, errlen)) return -1;
+            seen_prec |= bit;
         } else if (!strcmp(key, "pos")) {
             if (!strcmp(val, "orig")) sp->pos = POS_ORIG;
             else if (!strcmp(val, "cache")) sp->pos = POS_CACHE;
@@ -347,25 +363,52 @@ int kv_spec_check_mode(const KVSpec *sp, const char *mode, char *err, size_t err
  * Layout and accounting. One formula serves kv_alloc_bytes_for, kv_cache_init and kv_bytes.
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* A cache's precision bands from its spec, newest first: prec= as given, or residual=R over the storage type (two
- * bands, none when the type is f32 already: the band would change nothing), or one band; adjacent bands of the same
- * form become one. want[b]: the slots band b asks for, the last band 0 (the rest). Returns the number of bands. */
+/* One kind's precision schedule (keys: which 0, values: 1), newest first: prec=/kprec=/vprec= as given, or
+ * residual=R over the storage type (f32:R then the type, unless keys and values are both f32: the band would change
+ * nothing), or the type alone. slots[b]: band b's slots, the last 0 (the rest). Returns the number of bands. */
+static int kind_schedule(const KVSpec *sp, int which, KVType *ty, int *slots) {
+    KVType base = which ? sp->vtype : sp->ktype;
+    if (sp->n_prec[which]) {
+        memcpy(ty, sp->prec_type[which], sizeof sp->prec_type[which]);
+        memcpy(slots, sp->prec_slots[which], sizeof sp->prec_slots[which]);
+        return sp->n_prec[which];
+    }
+    if (sp->residual > 0 && !(sp->ktype == KV_F32 && sp->vtype == KV_F32)) {
+        ty[0] = KV_F32; slots[0] = sp->residual;
+        ty[1] = base; slots[1] = 0;
+        return 2;
+    }
+    ty[0] = base; slots[0] = 0;
+    return 1;
+}
+
+/* A cache's precision bands from its spec, newest first: the union of the key and the value schedule's boundaries
+ * (kind_schedule), each band the key form and the value form in force there; adjacent bands of the same forms become
+ * one. want[b]: the slots band b asks for, the last band 0 (the rest). Returns the number of bands (at most
+ * 2 * KV_MAX_PREC - 1). */
 static int spec_bands(const KVSpec *sp, KVType *kt, KVType *vt, int *want) {
-    int n = 0;
-    KVType k[KV_MAX_BANDS], v[KV_MAX_BANDS];
-    int w[KV_MAX_BANDS];
-    if (sp->n_prec)
-        for (int b = 0; b < sp->n_prec; b++) { k[b] = v[b] = sp->prec_type[b]; w[b] = sp->prec_slots[b]; }
-    if (sp->n_prec) n = sp->n_prec;
-    else if (sp->residual > 0 && !(sp->ktype == KV_F32 && sp->vtype == KV_F32)) {
-        k[0] = v[0] = KV_F32; w[0] = sp->residual;
-        k[1] = sp->ktype; v[1] = sp->vtype; w[1] = 0;
-        n = 2;
-    } else { k[0] = sp->ktype; v[0] = sp->vtype; w[0] = 0; n = 1; }
+    KVType ty[2][KV_MAX_PREC];
+    int slots[2][KV_MAX_PREC], nb[2], idx[2] = {0, 0};
+    long end[2];   /* the slot count, newest first, where the current band of each kind ends; LONG_MAX: never */
+    for (int w = 0; w < 2; w++) {
+        nb[w] = kind_schedule(sp, w, ty[w], slots[w]);
+        end[w] = slots[w][0] ? slots[w][0] : LONG_MAX;
+    }
     int m = 0;
-    for (int b = 0; b < n; b++) {
-        if (m && k[b] == kt[m - 1] && v[b] == vt[m - 1]) { want[m - 1] = w[b] ? want[m - 1] + w[b] : 0; continue; }
-        kt[m] = k[b]; vt[m] = v[b]; want[m] = w[b]; m++;
+    long at = 0;
+    for (;;) {
+        long stop = end[0] < end[1] ? end[0] : end[1];
+        KVType k = ty[0][idx[0]], v = ty[1][idx[1]];
+        int w_slots = stop == LONG_MAX ? 0 : (int)(stop - at);
+        if (m && k == kt[m - 1] && v == vt[m - 1]) want[m - 1] = w_slots ? want[m - 1] + w_slots : 0;
+        else { kt[m] = k; vt[m] = v; want[m] = w_slots; m++; }
+        if (stop == LONG_MAX) break;
+        for (int w = 0; w < 2; w++)
+            if (end[w] == stop) {
+                idx[w]++;
+                end[w] = slots[w][idx[w]] ? stop + slots[w][idx[w]] : LONG_MAX;
+            }
+        at = stop;
     }
     return m;
 }
@@ -859,7 +902,15 @@ static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
     int i = ln->n_live - newer, hd = c->shape.head_dim;
     int from = ln->live[i], to = ln->free[next][--ln->n_free[next]];
     float x[hd];
-    for (int is_v = 0; is_v < 2; is_v++) { slot_read(c, ln, from, is_v, x); slot_write(c, ln, to, is_v, x); }
+    for (int is_v = 0; is_v < 2; is_v++) {   /* a form the two bands share moves as bytes (kprec=/vprec= apart) */
+        KVType from_ty = is_v ? c->band_vtype[b] : c->band_ktype[b], to_ty = is_v ? c->band_vtype[next] : c->band_ktype[next];
+        if (from_ty == to_ty) {
+            size_t n = is_v ? c->band_vb[b] : c->band_kb[b];
+            uint8_t *dst = is_v ? ln->v[next] : ln->k[next];
+            const uint8_t *src = is_v ? ln->v[b] : ln->k[b];
+            memcpy(dst + (size_t)(to - ln->band_first[next]) * n, src + (size_t)(from - ln->band_first[b]) * n, n);
+        } else { slot_read(c, ln, from, is_v, x); slot_write(c, ln, to, is_v, x); }
+    }
     ln->pos[to] = ln->pos[from];
     if (ln->pos0) { ln->pos0[to] = ln->pos0[from]; ln->pos0[from] = -1; }
     ln->pos[from] = -1;
@@ -1156,11 +1207,15 @@ int kv_capacity(const KVCache *c) {
 void kv_describe(const KVCache *c, char *buf, size_t len) {
     char pol[160] = "";
     if (c->policy.ops->describe) c->policy.ops->describe(&c->policy, pol, sizeof pol);
-    char prec[96] = "";
-    if (c->spec.n_prec) {   /* the bands of the first lane, as resolved: ", prec f32:64/q8:192/q4:0" */
+    char prec[160] = "";
+    if (c->spec.n_prec[0] || c->spec.n_prec[1]) {
+        /* the bands of the first lane, as resolved: ", prec f32:64/q8:192/q4:0", a band whose key and value forms
+           differ as KEY+VALUE (kprec=, vprec=): ", prec f32:64/q4+f32:192/q4+q8:0" */
         size_t w = (size_t)snprintf(prec, sizeof prec, ", prec ");
         for (int b = 0; b < c->n_bands && w < sizeof prec; b++)
-            w += (size_t)snprintf(prec + w, sizeof prec - w, "%s%s:%d", b ? "/" : "", kv_type_names[c->band_ktype[b]],
+            w += (size_t)snprintf(prec + w, sizeof prec - w, "%s%s%s%s:%d", b ? "/" : "", kv_type_names[c->band_ktype[b]],
+                                  c->band_ktype[b] == c->band_vtype[b] ? "" : "+",
+                                  c->band_ktype[b] == c->band_vtype[b] ? "" : kv_type_names[c->band_vtype[b]],
                                   c->lanes[0].band_slots[b]);
     }
     char fast[96] = "";

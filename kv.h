@@ -88,22 +88,28 @@ typedef struct {
 
 /* Precision bands of a lane (precision by age): band 0 holds the newest tokens, each later band older ones in its
  * own storage form; the last band takes the rest of the lane. residual=R with type T is the two bands f32:R/T;
- * prec=f32:64/q8:512/q4 is three. Adjacent bands of the same form are one band. ("Tier" is kept for memory tiers,
- * fast and slow memory, which bands are not.) */
-#define KV_MAX_BANDS 4
+ * prec=f32:64/q8:512/q4 is three. Keys and values may age apart: kprec=f32:64/q4 with vprec=f32:256/q8 gives the
+ * bands f32+f32:64, q4+f32:192, q4+q8 (key form + value form), the union of the two schedules' boundaries; a token
+ * moving between bands whose key (value) form is the same keeps its key (value) bytes as they are. Adjacent bands of
+ * the same form are one band. ("Tier" is kept for memory tiers, fast and slow memory, which bands are not.) */
+#define KV_MAX_PREC 4                     /* bands one prec=, kprec= or vprec= may give */
+#define KV_MAX_BANDS (2 * KV_MAX_PREC)    /* bands of a lane: kprec= and vprec= boundaries together (at most 7) */
 
 /* A parsed -kv spec: NAME[:BUDGET][,key=value...]. The keys every policy takes are parsed into fields here; the
  * rest stay as strings for the policy to read (kv_spec_get). */
-#define KV_MAX_PARAMS 8
+#define KV_MAX_PARAMS 12
 typedef struct {
     char name[24];
     int budget;               /* tokens per lane; 0 = none given */
     size_t budget_bytes;      /* whole cache, bytes; 0 = the budget is in tokens */
     KVType ktype, vtype;
     int residual;             /* tokens kept in f32 at the recent end of a lane (KIVI's residual), part of budget */
-    int n_prec;               /* prec=T0:N0/T1:N1/.../TL: bands given (0: none; then type and residual decide) */
-    KVType prec_type[KV_MAX_BANDS];   /* storage form of each band, newest first (keys and values alike) */
-    int prec_slots[KV_MAX_BANDS];     /* slots of each band but the last, which takes the rest (0) */
+    /* Precision by age, keys [0] and values [1] apart: prec=T0:N0/.../TL sets both, kprec= keys only, vprec= values
+     * only (0 bands: none given for that kind; then type/ktype/vtype and residual decide). The lane's bands are the
+     * union of the two schedules' boundaries (spec_bands in kv.c). */
+    int n_prec[2];
+    KVType prec_type[2][KV_MAX_PREC];  /* storage form of each band, newest first */
+    int prec_slots[2][KV_MAX_PREC];    /* slots of each band but the last, which takes the rest (0) */
     PosMode pos;
     AggMode agg;
     int n_params;
@@ -114,7 +120,7 @@ typedef struct {
     double fast_frac;         /* fast=P%: the fast tier as a share of the cache's allocated vector bytes; 0 = none */
     char fast_text[24];       /* fast='s value as given, for messages */
     int prefetch;             /* prefetch=1: move what the next layer's predicted query reads ahead (kv_prefetch) */
-    char text[160];           /* the spec as given, for reports */
+    char text[256];           /* the spec as given, for reports */
 } KVSpec;
 
 /* Parse a spec. default_type is the -kvt storage type. Returns 0, or -1 with a message naming the bad part and the

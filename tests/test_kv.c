@@ -202,7 +202,7 @@ static void test_bad_specs(void) {
         {"window:8,ktype=q3", "ktype=q3", "f32, f16, bf16, q8, q4"},
         {"window:8,pos=middle", "pos=middle", "orig, cache"},
         {"window:8,agg=median", "agg=median", "mean, max"},
-        {"window:8,foo=1", "'foo'", "type, ktype, vtype, residual, prec, pos, agg"},
+        {"window:8,foo=1", "'foo'", "every policy takes type, ktype, vtype, residual, prec"},
         {"h2o:64,recnet=8", "'recnet'", "recent=R"},
         {"tova:8,per=head", "per=head", "lane, layer"},
         {"scissorhands:8,drop=9", "drop=9", "drop <= 7"},

@@ -333,7 +333,8 @@ typedef struct { int n, held[MAXT], band[MAXT + 1], path[MAXT + 1][KV_MAX_BANDS]
 
 /* make room in band b as kv.h states it: a full band first makes room in the next band with slots, then moves its
    oldest token there (one KV_EV_RECODE) */
-static void ref_make_room(BandRef *r, int nb, const int *slots, const KVType *ty, int b, int t, int l, int g) {
+static void ref_make_room(BandRef *r, int nb, const int *slots, const KVType *ty, const KVType *vty, int b, int t,
+                          int l, int g) {
     int in_b = 0, oldest = -1;
     for (int i = 0; i < r->n; i++)
         if (r->band[r->held[i]] == b) { if (oldest < 0) oldest = r->held[i]; in_b++; }
@@ -341,24 +342,29 @@ static void ref_make_room(BandRef *r, int nb, const int *slots, const KVType *ty
     int next = b + 1;
     while (next < nb && slots[next] == 0) next++;
     if (next == nb) return;   /* cannot happen with < cap tokens; the byte check would fail */
-    ref_make_room(r, nb, slots, ty, next, t, l, g);
+    ref_make_room(r, nb, slots, ty, vty, next, t, l, g);
     r->band[oldest] = next;
     r->path[oldest][r->npath[oldest]++] = next;
     ev_want(KV_EV_RECODE, t, l, g, oldest, oldest, 1, next, ty[next]);
+    if (n_want) want_ev[n_want - 1].vtype = (int)vty[next];
 }
 
-/* the bytes of x after the chain of encodings path (each band's form in turn, decoded in between) */
+/* the bytes of x after the chain of encodings path (each band's form in turn, decoded in between; a move between
+   bands of the same form keeps the bytes: kv.h) */
 static void chain_bytes(const float *x, const int *path, int np, const KVType *ty, uint8_t *dst) {
     float cur[HD];
     memcpy(cur, x, sizeof cur);
     for (int j = 0; j < np; j++) {
+        if (j && ty[path[j]] == ty[path[j - 1]]) continue;
         kv_encode(dst, ty[path[j]], cur, HD);
         kv_decode(cur, ty[path[j]], dst, HD);
     }
 }
 
-/* spec with nb bands of types ty and wanted slots want (the last 0), lanes of cap slots; window: evicts the oldest */
-static void run_prec(const char *spec, int nb, const KVType *ty, const int *want, int cap, int window, int T) {
+/* spec with nb bands of key types ty, value types vty and wanted slots want (the last 0), lanes of cap slots; window:
+   evicts the oldest */
+static void run_prec(const char *spec, int nb, const KVType *ty, const KVType *vty, const int *want, int cap,
+                     int window, int T) {
     KVShape s = vshape(T, 0);
     KVCache c;
     if (tcache(&c, &s, spec)) return;
@@ -384,7 +390,7 @@ static void run_prec(const char *spec, int nb, const KVType *ty, const int *want
                     memmove(r->held, r->held + 1, (size_t)--r->n * sizeof(int));
                 }
                 int before = n_want;
-                ref_make_room(r, nb, slots, ty, 0, t, l, g);
+                ref_make_room(r, nb, slots, ty, vty, 0, t, l, g);
                 moves += n_want - before;
                 r->held[r->n++] = t;
                 r->band[t] = 0; r->path[t][0] = 0; r->npath[t] = 1;
@@ -395,7 +401,7 @@ static void run_prec(const char *spec, int nb, const KVType *ty, const int *want
             for (int lane = 0; lane < L * NKV; lane++)
                 for (int i = 0; i < ref[lane].n; i++) {
                     int b = ref[lane].band[ref[lane].held[i]];
-                    want_live += 2 * kv_vector_bytes(ty[b], HD) + meta;   /* keys and values of one type per band */
+                    want_live += kv_vector_bytes(ty[b], HD) + kv_vector_bytes(vty[b], HD) + meta;
                 }
             got_live = kv_bytes(&c).total_live; got_inc = c.live_bytes;
             bad_acct += got_live != want_live || got_inc != want_live;
@@ -412,7 +418,7 @@ static void run_prec(const char *spec, int nb, const KVType *ty, const int *want
                     int want_b = 0;
                     for (int acc = slots[0]; want_b < nb - 1 && age >= acc; acc += slots[++want_b]) {}
                     bad_age += b != want_b;
-                    if (b != r->band[p] || c.band_ktype[b] != ty[b] || c.band_vtype[b] != ty[b]) {
+                    if (b != r->band[p] || c.band_ktype[b] != ty[b] || c.band_vtype[b] != vty[b]) {
                         if (!bad_bytes) printf("  %s: t=%d lane (%d,%d) position %d in band %d (%s), reference %d\n",
                                                spec, t, l, g, p, b, kv_type_names[c.band_ktype[b]], r->band[p]);
                         bad_bytes++;
@@ -421,8 +427,8 @@ static void run_prec(const char *spec, int nb, const KVType *ty, const int *want
                     memcpy(kr, K[p][l] + g * HD, sizeof kr);
                     kv_rope(kr, &s, p);   /* pos=orig: the key is stored rotated by its position */
                     chain_bytes(kr, r->path[p], r->npath[p], ty, wk);
-                    chain_bytes(V[p][l] + g * HD, r->path[p], r->npath[p], ty, wv);
-                    if (b == nb - 1 && r->npath[p] > 2) {   /* would a direct encoding have passed? (it must not) */
+                    chain_bytes(V[p][l] + g * HD, r->path[p], r->npath[p], vty, wv);
+                    if (b == nb - 1 && r->npath[p] > 2 && ty[nb - 3] != ty[nb - 2] && ty[nb - 2] != ty[nb - 1]) {   /* would a direct encoding have passed? (it must not) */
                         uint8_t direct[64];
                         kv_encode(direct, ty[b], kr, HD);
                         n_last++;
@@ -430,16 +436,17 @@ static void run_prec(const char *spec, int nb, const KVType *ty, const int *want
                     }
                     size_t row = (size_t)(slot - ln->band_first[b]);
                     bad_bytes += memcmp(ln->k[b] + row * c.band_kb[b], wk, kv_vector_bytes(ty[b], HD)) != 0 ||
-                                 memcmp(ln->v[b] + row * c.band_vb[b], wv, kv_vector_bytes(ty[b], HD)) != 0;
+                                 memcmp(ln->v[b] + row * c.band_vb[b], wv, kv_vector_bytes(vty[b], HD)) != 0;
                 }
             }
         }
     CHECK(bad_pos == 0 && bad_bytes == 0, "%s: every live token sits in the reference's band and its key and value "
-          "bytes are its chain of encodings (f32, then q8 of it, then q4 of q8's decoding) after each of %d steps "
+          "bytes are its chain of encodings along its bands (each new form encoding the last one's decoding; a form two "
+          "bands share keeps its bytes) after each of %d steps "
           "(%d lane-steps with other positions, %d tokens differ; %d of %d last-band keys differ from a direct "
           "encoding)", spec, T, bad_pos, bad_bytes, n_direct, n_last);
-    CHECK(bad_age == 0, "%s: bands by age: the newest %d f32, the next %d q8, the rest q4 (%d tokens differ)", spec,
-          slots[0], slots[1], bad_age);
+    CHECK(bad_age == 0, "%s: bands by age: the newest %d tokens in band 0, the next %d in band 1, and so on, the "
+          "last band the rest (%d tokens differ)", spec, slots[0], slots[1], bad_age);
     CHECK(bad_ev == 0 && moves > 0, "%s: one KV_EV_RECODE per move with its band and types (and one KV_EV_EVICT per "
           "eviction), %d moves, %d of %d layer-steps differ", spec, moves, bad_ev, T * L);
     CHECK(bad_acct == 0, "%s: kv_bytes total_live and live_bytes equal the sum of per-band vector bytes plus %zu B of "
@@ -461,8 +468,24 @@ static void test_prec(void) {
     gen_stream(3, 0);
     KVType ty[3] = {KV_F32, KV_Q8, KV_Q4};
     int w1[3] = {3, 5, 0}, w2[3] = {4, 6, 0};
-    run_prec("window:20,prec=f32:3/q8:5/q4", 3, ty, w1, 20, 1, 40);
-    run_prec("full,prec=f32:4/q8:6/q4", 3, ty, w2, 40, 0, 40);
+    run_prec("window:20,prec=f32:3/q8:5/q4", 3, ty, ty, w1, 20, 1, 40);
+    run_prec("full,prec=f32:4/q8:6/q4", 3, ty, ty, w2, 40, 0, 40);
+    /* keys and values aging apart: the union of the boundaries 4, 9 (keys) and 3, 9 (values) */
+    KVType kty[4] = {KV_F32, KV_F32, KV_Q8, KV_Q4}, vty[4] = {KV_F32, KV_F16, KV_F16, KV_Q8};
+    int w3[4] = {3, 1, 5, 0};
+    run_prec("window:20,kprec=f32:4/q8:5/q4,vprec=f32:3/f16:6/q8", 4, kty, vty, w3, 20, 1, 40);
+    KVType kty2[2] = {KV_F32, KV_Q8}, vty2[2] = {KV_F32, KV_F32};
+    int w4[2] = {5, 0};
+    run_prec("full,kprec=f32:5/q8", 2, kty2, vty2, w4, 40, 0, 40);   /* values one band: f32 (the default type) */
+    KVType kty3[3] = {KV_F16, KV_F16, KV_Q4}, vty3[3] = {KV_F32, KV_Q8, KV_Q8};
+    int w5[3] = {2, 4, 0};
+    run_prec("window:20,vprec=f32:2/q8,kprec=f16:6/q4", 3, kty3, vty3, w5, 20, 1, 40);
+    expect_parse_error("full,kprec=f32:4/q8,ktype=q8", "conflicts with kprec=");
+    expect_parse_error("full,vprec=f32:4/q8,type=q8", "conflicts with vprec=");
+    expect_parse_error("full,kprec=f32:4/q8,prec=f32:4/q8", "prec= conflicts with kprec= and vprec=");
+    expect_parse_error("full,vprec=f32:4/q8,residual=4", "residual= conflicts with vprec=");
+    expect_parse_error("full,kprec=f32:4/q8,kprec=f32:4/q4", "given twice");
+    expect_parse_error("full,vprec=f32:4/zz", "unknown storage type 'zz' in vprec=");
     expect_parse_error("full,prec=f32:4/q8,type=q8", "conflicts with prec=");
     expect_parse_error("full,type=q8,prec=f32:4/q8", "prec= conflicts with type=");
     expect_parse_error("full,prec=f32/q8", "every band but the last gives its tokens");

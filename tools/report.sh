@@ -34,6 +34,10 @@
 #   passkey_sel ./run -m passkey -c 8192 -lengths 4096,8192 -depths 0.25,0.5,0.75 -passkey2 0: full, topk and quest
 #           at 64/256 with prompt=dense, h2o:64/256, tova:256, sink:64/256 (quick: -c 1024 -lengths 512,1024; full,
 #           topk:64, quest:64, h2o:64, sink:64); the longest step of the full grid
+#   compress ./run -m ppl, the text and -c of main: keep every token in fewer bytes (q2, KIVI's per-channel keys,
+#           precision by age for keys and values apart, low-rank keys and values, merge-on-evict, pooling), eviction at
+#           5% with and without merging, eviction combined with precision, and selection at S: with main and quant,
+#           the compression frontier (plot i: KL vs resident bytes and vs bytes read per step, every family)
 # All runs use -chunk 64 (batched, bit-identical to token by token). Each run writes JSON lines (-o) to DATA/NAME.dat
 # and its stderr to DATA/NAME.log.dat (raw data, not committed).
 #
@@ -104,6 +108,18 @@ else
          "h2o:64" "h2o:256" "tova:256" "sink:64" "sink:256")
 fi
 PKS_DEPTHS=0.25,0.5,0.75
+# the compression frontier (with main's and quant's caches: same text, -c and shadow); B5 = 5% of N
+B5=$(((N + 19) / 20))
+if [ "$QUICK" = 1 ]; then
+    COMP=("full,type=q2" "full,type=q2,kgroup=channel" "full,krank=16" "h2o:$B10,merge=1" "pool:$B10" "topk:$S")
+else
+    COMP=("full,type=q2" "full,type=q2,residual=128" "full,type=q2,kgroup=channel" "full,type=q2,kgroup=channel,residual=128"
+          "full,type=q4,kgroup=channel" "full,ktype=f16" "full,kprec=f32:128/q4,vprec=f32:128/q8"
+          "full,prec=f32:64/q8:512/q4" "full,prec=f32:128/q4:1024/q2"
+          "full,krank=16" "full,krank=32" "full,rank=32" "full,krank=32,type=q8" "full,rank=16,type=q4"
+          "h2o:$B5" "h2o:$B5,merge=1" "h2o:$B10,merge=1" "sink:$B10,merge=1" "pool:$B10"
+          "h2o:$B20,prec=f32:64/q8:256/q4" "h2o:$((N / 4)),type=q4,kgroup=channel,residual=64" "topk:$S" "quest:$S")
+fi
 
 # ---- directories: R holds this grid's data, OUT gets REPORT.md and the plots (see "Data" above) -----------------
 INVOKE=
@@ -124,7 +140,7 @@ fi
 
 # ---- the seven measurements: NAME and ./run's arguments (ARGS_NAME; -o R/NAME.dat is added) ---------------------
 TEXT=$R/text_$N.txt.dat; TEXT3=$R/text_$POS_N.txt.dat
-STEPS=(main quant pos passkey select tiers passkey_sel)
+STEPS=(main quant pos passkey select tiers passkey_sel compress)
 kvargs() { for s in "$@"; do printf -- '-kv\n%s\n' "$s"; done; }
 mapfile -t ARGS_main < <(kvargs "${MAIN[@]}")
 mapfile -t ARGS_quant < <(kvargs "${QUANT[@]}")
@@ -141,6 +157,8 @@ ARGS_select=("$MODEL" -m ppl -f "$TEXT" -c "$NS" -n "$NS" -chunk "$CHUNK" "${ARG
 ARGS_tiers=("$MODEL" -m ppl -f "$TEXT" -c "$NS" -n "$NS" -chunk "$CHUNK" "${ARGS_tiers[@]}")
 ARGS_passkey_sel=("$MODEL" -m passkey -c "$PKS_C" -lengths "$PKS_LENS" -depths "$PKS_DEPTHS" -passkey2 0 -chunk "$CHUNK" -s 1
                   "${ARGS_passkey_sel[@]}")
+mapfile -t ARGS_compress < <(kvargs "${COMP[@]}")
+ARGS_compress=("$MODEL" -m ppl -f "$TEXT" -c "$N" -chunk "$CHUNK" "${ARGS_compress[@]}")
 # A step's log (R/NAME.log.dat) starts with "report: started: ./run ARGS" and ends with "report: complete: ./run ARGS"
 # only when ./run finished: a step counts as done only for these very arguments, so another grid's data never does.
 # step_state NAME: complete, partial (started, not finished: interrupted or failed; R/NAME.dat keeps what ./run
@@ -193,7 +211,8 @@ fi
 say "$NPROC cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 say "grid: $([ "$QUICK" = 1 ] && echo 'QUICK (REPORT_QUICK=1)' || echo full), $N tokens, budgets S=$S L=$L 10%=$B10 20%=$B20;" \
     "main ${#MAIN[@]} policies, quant ${#QUANT[@]}, pos ${#POS[@]} over $POS_N tokens (-c $POS_C), passkey ${#PK[@]} at -c $PK_C;" \
-    "select ${#SEL[@]} (B = ${SEL_B[*]}) and tiers ${#TIERS[@]} over $NS tokens (-c $NS), passkey_sel ${#PKS[@]} at -c $PKS_C (lengths $PKS_LENS)"
+    "select ${#SEL[@]} (B = ${SEL_B[*]}) and tiers ${#TIERS[@]} over $NS tokens (-c $NS), passkey_sel ${#PKS[@]} at -c $PKS_C (lengths $PKS_LENS)," \
+    "compress ${#COMP[@]} over $N tokens"
 for s in "${STEPS[@]}"; do
     declare -n args=ARGS_$s
     case $PLOTS_ONLY/${REPORT_FORCE:-0}/$(step_state "$s") in
@@ -316,7 +335,7 @@ THROUGHPUT=$(awk -v a="$A" -v b="$B" -v d="$DEC" -v cal="$(cat "$CAL")" 'BEGIN {
 say "throughput: $THROUGHPUT"
 
 # cost (seconds) of the grid: ppl runs (shadow + policies) and passkey runs, from the spec strings
-estimate() {   # N S L B10 B20 POS_C PK_C "MAIN..." "QUANT..." "POS..." "PK..." NS "SEL..." "TIERS..." PKS_C PKS_LENS "PKS..."
+estimate() {   # N S L B10 B20 POS_C PK_C "MAIN..." "QUANT..." "POS..." "PK..." NS "SEL..." "TIERS..." PKS_C PKS_LENS "PKS..." "COMP..."
     python3 - "$A" "$B" "$DEC" "$@" <<'EOF'
 import sys
 a, b, d = map(float, sys.argv[1:4])
@@ -324,6 +343,7 @@ n, S, L, B10, B20, posc, pkc = map(int, sys.argv[4:11])
 groups = [g.split() for g in sys.argv[11:15]]
 ns, sel, tiers = int(sys.argv[15]), sys.argv[16].split(), sys.argv[17].split()
 pksc, pks_lens, pks = int(sys.argv[18]), [int(x) for x in sys.argv[19].split(",")], sys.argv[20].split()
+comp = sys.argv[21].split()
 def budget(spec, c):
     head = spec.split(',')[0]
     return int(head.split(':')[1]) if ':' in head else c
@@ -364,12 +384,14 @@ def ppl_select(tokens, specs):
     return t
 main, quant, pos, pk = groups
 parts = [("main", ppl(n, n, main)), ("quant", ppl(n, n, quant)), ("pos", ppl(3 * posc, posc, pos)), ("passkey", passkey(pkc, pk)),
-         ("select", ppl_select(ns, sel)), ("tiers", ppl_select(ns, tiers)), ("passkey_sel", passkey(pksc, pks, pks_lens, 6, False))]
+         ("select", ppl_select(ns, sel)), ("tiers", ppl_select(ns, tiers)), ("passkey_sel", passkey(pksc, pks, pks_lens, 6, False)),
+         ("compress", ppl(n, n, [s for s in comp if s.split(",")[0].split(":")[0] not in ("topk", "quest")]) +
+                      sum(n * a + scanned_sum(n, s) * b for s in comp if s.split(",")[0].split(":")[0] in ("topk", "quest")))]
 print(" ".join("%s=%.0f" % p for p in parts), "total=%.0f" % sum(p[1] for p in parts))
 EOF
 }
 EST=$(estimate "$N" "$S" "$L" "$B10" "$B20" "$POS_C" "$PK_C" "${MAIN[*]}" "${QUANT[*]}" "${POS[*]}" "${PK[*]}" \
-    "$NS" "${SEL[*]}" "${TIERS[*]}" "$PKS_C" "$PKS_LENS" "${PKS[*]}")
+    "$NS" "${SEL[*]}" "${TIERS[*]}" "$PKS_C" "$PKS_LENS" "${PKS[*]}" "${COMP[*]}")
 FULL_MAIN=(full window:256 window:1024 sink:256 sink:1024 sink:256,pos=cache,sinks=0 sink:256,pos=cache,sinks=1
            sink:256,pos=cache,sinks=2 sink:256,pos=cache,sinks=4 sink:256,pos=cache,sinks=8)
 for b in 820 1640; do for p in window h2o tova scissorhands random; do FULL_MAIN+=("$p:$b"); done; done
@@ -381,8 +403,13 @@ FULL_SEL=(); for b in 64 256; do for p in topk quest cluster blocks h2o sink tov
 FULL_TIERS=(); for f in 5 10 25; do FULL_TIERS+=("quest:256,fast=$f%" "quest:256,fast=$f%,prefetch=1"); done
 FULL_PKS=(full topk:64,prompt=dense topk:256,prompt=dense quest:64,prompt=dense quest:256,prompt=dense h2o:64 h2o:256
           tova:256 sink:64 sink:256)
+FULL_COMP=(full,type=q2 full,type=q2,residual=128 full,type=q2,kgroup=channel full,type=q2,kgroup=channel,residual=128
+           full,type=q4,kgroup=channel full,ktype=f16 full,kprec=f32:128/q4,vprec=f32:128/q8 full,prec=f32:64/q8:512/q4
+           full,prec=f32:128/q4:1024/q2 full,krank=16 full,krank=32 full,rank=32 full,krank=32,type=q8
+           full,rank=16,type=q4 h2o:410 h2o:410,merge=1 h2o:820,merge=1 sink:820,merge=1 pool:820
+           h2o:1640,prec=f32:64/q8:256/q4 h2o:2048,type=q4,kgroup=channel,residual=64 topk:256 quest:256)
 EST_FULL=$(estimate 8192 256 1024 820 1640 8192 "$PKF" "${FULL_MAIN[*]}" "${FULL_QUANT[*]}" "sink:1024 sink:1024,pos=cache" "${FULL_PK[*]}" \
-    2048 "${FULL_SEL[*]}" "${FULL_TIERS[*]}" 8192 4096,8192 "${FULL_PKS[*]}")
+    2048 "${FULL_SEL[*]}" "${FULL_TIERS[*]}" 8192 4096,8192 "${FULL_PKS[*]}" "${FULL_COMP[*]}")
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 fmt() { local kv out=; for kv in $1; do out+="${out:+, }${kv%%=*} $(mmss "${kv#*=}")"; done; echo "$out"; }
 say "estimate for this grid at $OMP_NUM_THREADS thread(s), this load: $(fmt "$EST")"
@@ -577,6 +604,28 @@ with open(os.path.join(R, "h_passkey_sel.meta.dat"), "w") as f:
     for L in plens:
         rs = [r for r in pks if fam(r["kv"]) == "full" and r["length"] == L]
         f.write("full %d %s\n" % (L, "%.6g" % acc(rs) if rs else "NaN"))
+# (i) the compression frontier: every cache of main, quant and compress (one text, one -c, one shadow) by family,
+# KL against resident bytes (kv_alloc_bytes) and against KV bytes read per step; each axis with its lower envelope
+def family(kv):
+    fm = fam(kv)
+    if fm in SELECTION: return "selection"
+    if "rank=" in kv: return "low rank"
+    if fm == "pool" or "merge=1" in kv: return "merging"
+    stored = any(k in kv for k in ("type=", "prec=", "kgroup="))
+    if fm == "full": return "precision" if stored else None
+    return "eviction + precision" if stored else "eviction"
+FRONT = [r for r in main + quant + records(R, "compress") if r["kv"] != "shadow" and r.get("kl", 0) > 0 and family(r["kv"])]
+for fm in ("eviction", "precision", "merging", "low rank", "selection", "eviction + precision"):
+    with open(os.path.join(R, "i_%s.tab.dat" % fm.replace(" + ", "_").replace(" ", "_")), "w") as f:
+        for r in sorted((r for r in FRONT if family(r["kv"]) == fm), key=lambda r: r["kv_alloc_bytes"]):
+            f.write('%.6g %.6g %.6g "%s"\n' % (r["kv_alloc_bytes"] / MiB, r["kv_read_bytes_per_token"] / MiB, r["kl"], r["kv"]))
+for col, name in (("kv_alloc_bytes", "alloc"), ("kv_read_bytes_per_token", "read")):
+    with open(os.path.join(R, "i_envelope_%s.tab.dat" % name), "w") as f:
+        best = math.inf
+        for r in sorted(FRONT, key=lambda r: (r[col], r["kl"])):
+            if r["kl"] < best:
+                best = r["kl"]
+                f.write('%.6g %.6g "%s"\n' % (r[col] / MiB, r["kl"], r["kv"]))
 EOF
 
 # (c) per-token NLL from -tokenlog, one column per chosen policy, then a trailing moving average (awk)
@@ -801,6 +850,36 @@ NL=$(echo "$PLENS" | wc -w); NF_=$(echo "$PFAMS" | wc -w)
     echo "unset multiplot"
 } | gnuplot
 fi
+# (i) the compression frontier: one colour per family, both axes, each with its lower envelope (grey)
+if drawn compress "$R/i_precision.tab.dat" "$R/i_low_rank.tab.dat" "$R/i_merging.tab.dat"; then
+    FULL_MIB=$(awk 'NR == 1 { print $1 }' "$R/b_full.tab.dat" 2>/dev/null); FULL_MIB=${FULL_MIB:-1}
+    iplot() {   # COLUMN ENVELOPE: x from COLUMN (1 resident, 2 read) of every family's table, then the envelope
+        local fm t pl=() i=0 icol=('#d62728' '#1f77b4' '#2ca02c' '#9467bd' '#ff7f0e' '#17becf') ipt=(7 5 9 11 13 15)
+        for fm in eviction precision merging low_rank selection eviction_precision; do
+            t=$R/i_$fm.tab.dat
+            if [ -s "$t" ]; then
+                pl+=("'$t' using $1:3 with points pt ${ipt[$i]} ps 1.4 lc rgb '${icol[$i]}' title '$(echo "$fm" | sed 's/_precision/ + precision/; s/_/ /')'")
+                [ "$fm" = eviction ] || pl+=("'' using $1:3:4 with labels left offset 0.7,0 font ',7' tc rgb '${icol[$i]}' notitle")
+            fi
+            i=$((i + 1))
+        done
+        pl+=("'$R/i_envelope_$2.tab.dat' using 1:2 with lines lw 3 lc rgb '#999999' title 'lower envelope'")
+        local IFS=,; echo "${pl[*]}"
+    }
+    gnuplot <<EOF
+$GP_HEAD
+set terminal $PNG_T size 1000,1000
+set output '$OUT/i_compress.png'
+set multiplot layout 2,1 title "(i) The compression frontier, $N tokens (-c $N): KL vs resident bytes and vs bytes read per step$label_quick"
+set logscale xy; set ylabel 'KL(shadow || policy), nats / token'; set key inside bottom left
+set xlabel 'KV cache allocated (MiB, whole cache: kv_alloc_bytes)'; set xrange [*:$FULL_MIB * 1.6]
+set arrow 1 from $FULL_MIB, graph 0 to $FULL_MIB, graph 1 nohead dt 2 lc rgb 'black'
+plot $(iplot 1 alloc)
+set xlabel 'KV read per step (MiB, kv_read_bytes_per_token)'; set autoscale x; unset arrow 1
+plot $(iplot 2 read)
+unset multiplot
+EOF
+fi
 T_END=$(date +%s)
 
 # ---- REPORT.md --------------------------------------------------------------------------------------------------
@@ -814,7 +893,8 @@ T_END=$(date +%s)
 quick = quick == "1"
 main, quant, pos, pk = (records(R, k) for k in ("main", "quant", "pos", "passkey"))
 sel, tiers, pks = (records(R, k) for k in ("select", "tiers", "passkey_sel"))
-STEPS = ("main", "quant", "pos", "passkey", "select", "tiers", "passkey_sel")
+comp = records(R, "compress")
+STEPS = ("main", "quant", "pos", "passkey", "select", "tiers", "passkey_sel", "compress")
 def parse_kv(s): return dict(x.split("=") for x in s.split())
 E, EF, C = parse_kv(est), parse_kv(est_full), parse_kv(cal)
 mmss = lambda s: "%dm%02ds" % (int(float(s)) // 60, int(float(s)) % 60)
@@ -991,6 +1071,37 @@ for p in ppols:
     cell = lambda rs: "%d/%d" % (sum(1 for r in rs if r["correct"]), len(rs)) if rs else ""
     w("| `%s` | %s | %s |" % (p, " | ".join(cell([r for r in one if r["kv"] == p and r["length"] == L]) for L in plens),
       cell([r for r in one if r["kv"] == p])))
+w("")
+w("## The compression frontier: every family on one stream\n")
+w("![(i)](i_compress.png)\n")
+w("Command (same text and `-c` as the first command, so the same shadow; the frontier also takes the caches of the "
+  "first two commands):\n\n    %s\n" % cmd(comp))
+w("Every cache of the three runs, by family: eviction (f32, tokens dropped), precision (`full` in fewer bits: q2, "
+  "KIVI's per-channel keys `kgroup=channel`, precision by age `prec=`, `kprec=`/`vprec=`), merging (`pool:`, "
+  "merge-on-evict `merge=1`), low rank (`rank=`, `krank=`, `vrank=`), selection (every token kept, B read) and "
+  "eviction combined with precision. Top: KL against the bytes the cache allocates (`kv_alloc_bytes`, every term: "
+  "codes, scales, minima, bases, positions, policy metadata); bottom: against the KV bytes one step reads "
+  "(`kv_read_bytes_per_token`). The grey line is each axis's lower envelope.\n")
+FRONT_ALL = [r for r in main + quant + comp if r["kv"] != "shadow" and r.get("kl") is not None]
+full_r = next((r for r in main if r["kv"] == "full"), None)
+if full_r and FRONT_ALL:
+    w("| share of `full`'s bytes | best by resident bytes (KL) | best by bytes read per step (KL) |")
+    w("|---|---|---|")
+    for share in (0.05, 0.10, 0.25):
+        cell = []
+        for col in ("kv_alloc_bytes", "kv_read_bytes_per_token"):
+            rs = [r for r in FRONT_ALL if r.get(col) is not None and r[col] <= share * full_r[col]]
+            b = min(rs, key=lambda r: r["kl"]) if rs else None
+            cell.append("`%s` (%s)" % (b["kv"], f(b["kl"], 5)) if b else "none at or under it")
+        w("| %d%% | %s | %s |" % (round(share * 100), cell[0], cell[1]))
+    w("")
+w("| spec | KL | top-1 | ΔNLL | recall | resident MiB | % of full | read MiB per step |")
+w("|---|---|---|---|---|---|---|---|")
+for r in comp:
+    name = "shadow (full, f32)" if r["kv"] == "shadow" else "`%s`" % r["kv"]
+    share = "%.1f" % (100.0 * r["kv_alloc_bytes"] / full_r["kv_alloc_bytes"]) if full_r else ""
+    w("| %s | %s | %s | %s | %s | %s | %s | %s |" % (name, g(r, "kl", 5), g(r, "top1"), g(r, "dnll", 5), g(r, "recall"),
+      mib(r.get("kv_alloc_bytes")), share, mib(r.get("kv_read_bytes_per_token"))))
 w("")
 w("## Reproducing\n")
 w("`%s` reruns everything and writes this report to `%s/` (measurements whose JSON in `%s/*.dat` is complete are "

@@ -97,7 +97,10 @@ void swiglu(float *h, const float *u, int n) {
     }
 }
 
-int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
+/* Layer l of a batch: the rows of s (s->n of them) are the sequences' tokens one after another, sequence j's n rows at
+ * its own positions pos0.. in its own cache. Matmuls and element-wise steps go over every row at once (a row's
+ * arithmetic is its own, whatever the rows beside it: matmul_n's contract), attention and the policy per sequence. */
+static int forward_layer_seqs(Model *m, RunState *s, const BatchSeq *seqs, int n_seqs, int l) {
     const Config *c = &m->config;
     const LayerWeights *L = &m->w.layers[l];
     int dim = c->dim, hd = c->head_dim, q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd, hid = c->hidden_dim;
@@ -118,21 +121,31 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     /* a fast memory tier with prefetch=1: this layer's input, normed as layer l+1 norms its own, predicts layer
        l+1's queries (InfiniGen's observation that consecutive layers' inputs are alike; kv_prefetch); x is still
        layer l's input here */
-    int predict = cache->tiers && cache->spec.prefetch && l + 1 < c->n_layers;
+    int predict = 0;
+    for (int j = 0; j < n_seqs; j++) predict |= seqs[j].cache->tiers && seqs[j].cache->spec.prefetch;
+    predict &= l + 1 < c->n_layers;
     if (predict)
         for (int t = 0; t < n; t++)
             rmsnorm(s->xb2 + (size_t)t * dim, s->x + (size_t)t * dim, m->w.layers[l + 1].attn_norm, dim, c->norm_eps);
-    kv_set_prefetch_queries(cache, l, l > 0 && cache->tiers && cache->spec.prefetch ? s->qpf : NULL);
     t0 = now_s();
-    if (!cache->device) {
-        if (kv_attend_chunk(cache, s->att, l, s->pos0, n, s->q, s->k, s->v, s->after_attn, s->hook_ctx)) return -1;
-    } else
-        for (int t = 0; t < n; t++) {   /* the device mirror (attn.cu): same steps, same policy code */
-            int pos = s->pos0 + t;
-            if (kv_append(cache, l, pos, s->k + (size_t)t * kv_dim, s->v + (size_t)t * kv_dim)) return -1;
-            attn_dev_attend(cache, s->att + (size_t)t * q_dim, l, pos, s->q + (size_t)t * q_dim, s->after_attn != NULL);
-            if (s->after_attn) s->after_attn(s->hook_ctx, l, cache, pos);
-        }
+    for (int j = 0, row = 0; j < n_seqs; row += seqs[j].n, j++) {
+        KVCache *cache = seqs[j].cache;
+        int nj = seqs[j].n, p0 = seqs[j].pos0;
+        float *att = s->att + (size_t)row * q_dim;
+        const float *q = s->q + (size_t)row * q_dim, *k = s->k + (size_t)row * kv_dim, *v = s->v + (size_t)row * kv_dim;
+        if (nj == 0) continue;
+        kv_set_prefetch_queries(cache, l, l > 0 && cache->tiers && cache->spec.prefetch ? s->qpf + (size_t)row * q_dim
+                                                                                          : NULL);
+        if (!cache->device) {
+            if (kv_attend_chunk(cache, att, l, p0, nj, q, k, v, seqs[j].hook, seqs[j].hook_ctx)) return -1;
+        } else
+            for (int t = 0; t < nj; t++) {   /* the device mirror (attn.cu): same steps, same policy code */
+                int pos = p0 + t;
+                if (kv_append(cache, l, pos, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim)) return -1;
+                attn_dev_attend(cache, att + (size_t)t * q_dim, l, pos, q + (size_t)t * q_dim, seqs[j].hook != NULL);
+                if (seqs[j].hook) seqs[j].hook(seqs[j].hook_ctx, l, cache, pos);
+            }
+    }
     timer_add(&s->t_attn, t0);
     t0 = now_s();
     if (predict) matmul_n(s->qpf, s->xb2, m->w.layers[l + 1].wq, q_dim, dim, n);   /* layer l+1's, read there */
@@ -153,6 +166,11 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
     for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
     timer_add(&s->t_matmul, t0);
     return 0;
+}
+
+int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
+    BatchSeq one = {cache, s->pos0, s->n, s->after_attn, s->hook_ctx};
+    return forward_layer_seqs(m, s, &one, 1, l);
 }
 
 void forward_end(Model *m, RunState *s) {
@@ -184,6 +202,20 @@ int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int 
     forward_begin(m, s, tokens, n, pos0);
     for (int l = 0; l < m->config.n_layers; l++)
         if (forward_layer(m, s, cache, l)) return -1;
+    forward_end(m, s);
+    return 0;
+}
+
+int forward_batch(Model *m, RunState *s, const BatchSeq *seqs, int n_seqs, const int *tokens) {
+    int n = 0;
+    for (int j = 0; j < n_seqs; j++) {
+        if (seqs[j].n < 0 || (seqs[j].n > 1 && !kv_layer_local(seqs[j].cache))) return -1;
+        n += seqs[j].n;
+    }
+    if (n < 1 || n > s->n_max) return -1;
+    forward_begin(m, s, tokens, n, 0);
+    for (int l = 0; l < m->config.n_layers; l++)
+        if (forward_layer_seqs(m, s, seqs, n_seqs, l)) return -1;
     forward_end(m, s);
     return 0;
 }

@@ -65,6 +65,22 @@ int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int 
  * PREFILL_CHUNK. */
 #define PREFILL_CHUNK 64
 int forward_prefill(Model *m, RunState *s, KVCache *cache, const int *ids, size_t n, int pos, int chunk);
+/* Many sequences in one batch: sequence j feeds seqs[j].n tokens (0 or more; each with n > 1 layer-local) at positions
+ * seqs[j].pos0.. into its own cache, its tokens' rows one after another in tokens and in s->logits (sequence j's first
+ * row after the rows of sequences 0..j-1; Σ n <= s->n_max). The weight matmuls go over every row at once, so a step
+ * reads the weights once for all the sequences (the point of batching: decode is bound by reading them); attention
+ * and the policy run per sequence, with its hook after each of its tokens' step 4. Each row's arithmetic is its own,
+ * so the logits are bit-identical to running each sequence alone (forward_chunk, or forward token by token), for any
+ * mix of prefill chunks and decode steps (continuous batching) and any thread count. Returns 0, or -1 when a lane is
+ * full and its policy cannot evict (the other sequences' caches may have taken this step's tokens up to that layer),
+ * or when the batch is empty, too large for s, or holds a chunk of a cross-layer policy. */
+typedef struct {
+    KVCache *cache;
+    int pos0, n;
+    KVAttnHook hook;   /* NULL = none */
+    void *hook_ctx;
+} BatchSeq;
+int forward_batch(Model *m, RunState *s, const BatchSeq *seqs, int n_seqs, const int *tokens);
 /* forward_chunk's parts, for running several caches in lockstep layer by layer (the evaluation's shadow). */
 void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0);
 int forward_layer(Model *m, RunState *s, KVCache *cache, int l);

@@ -56,7 +56,8 @@ static const FlagDef FLAGS[] = {
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
     {"-depths", "LIST", M_PASSKEY, "the key's relative depths, comma-separated in [0,1], default 0,0.25,0.5,0.75,1"},
-    {"-lengths", "LIST", M_PASSKEY, "prompt lengths, comma-separated tokens, each <= -c, default -c/4,-c/2,-c"},
+    {"-lengths", "LIST", M_PASSKEY | M_BENCH, "prompt lengths, comma-separated tokens, each <= -c (bench: with room for -n "
+     "steps); passkey default -c/4,-c/2,-c, bench 128, 512, 2048, ... (x4) and -c"},
     {"-passkey2", "N", M_PASSKEY, "1 (default): the two-turn variant after the grid, at the longest length; 0: "
                                     "skip it"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},

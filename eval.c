@@ -1020,9 +1020,18 @@ int run_bench(Model *m, const Options *o) {
     if (ctx_max < steps + 1)
         fatal("-m bench -c %d leaves no room for a prompt and %d decode steps: use -c %d or more (or fewer -n)", ctx_max,
               steps, steps + 1);
-    int lens[16], n_lens = 0;
-    for (int L = 128; L + steps <= ctx_max && n_lens < 16; L *= 4) lens[n_lens++] = L;
-    if (n_lens == 0 || lens[n_lens - 1] + steps < ctx_max) lens[n_lens++] = ctx_max - steps > 1 ? ctx_max - steps : 1;
+    int lens[MAX_PASSKEY_CELLS + 1], n_lens = 0;
+    if (o->n_lengths)   /* -lengths: the contexts asked, each with room for the decode steps */
+        for (int i = 0; i < o->n_lengths; i++) {
+            if (o->lengths[i] + steps > ctx_max)
+                fatal("-lengths: a context of %d tokens and %d decode steps is over -c %d: use -c %d or more (or fewer "
+                      "-n)", o->lengths[i], steps, ctx_max, o->lengths[i] + steps);
+            lens[n_lens++] = o->lengths[i];
+        }
+    else {
+        for (int L = 128; L + steps <= ctx_max && n_lens < MAX_PASSKEY_CELLS; L *= 4) lens[n_lens++] = L;
+        if (n_lens == 0 || lens[n_lens - 1] + steps < ctx_max) lens[n_lens++] = ctx_max - steps > 1 ? ctx_max - steps : 1;
+    }
     Sha256 text_sha;
     sha_init(&text_sha);
     int *tok = bench_tokens(m, o, ctx_max, &text_sha);

@@ -9,8 +9,16 @@
 #    context 256 in f32) are left out, so the fraction shown is conservative;
 #  - batched evaluation: ./run -m ppl on the first 2,048 tokens of the Debian Reference (f32, `full` plus the shadow:
 #    2 runs per token), -chunk 64 against -chunk 1, tok/s per policy run as ppl reports it;
+#  - decode at long context: ./run -m bench -lengths 256,1024,4096,8192 (-c 8224, 32 steps) with f32 weights and
+#    f32 or q8 KV (full, full,type=q8), p50 ms per token against the limit of the same round: (weight bytes + the KV
+#    bytes that step read, kv_read_bytes_per_step) / bandwidth; BENCH_LONG_RUNS rounds (default 3) of them;
+#  - evicting policies batched at steady state: ./run -m ppl -c 256 on the same text with h2o:64 and sink:64 (every
+#    token past 64 evicts), -chunk 64 against -chunk 1, in the ppl rounds;
+#  - many sequences in one batch: build/batch_bench (full, 256-token prompts, 32 batched decode steps) at S = 1, 2, 4,
+#    8, 16: tok/s over all sequences and against S = 1, in the ppl rounds;
 #  - optionally llama.cpp: LLAMA_BENCH=/path/llama-bench with LLAMA_F32=... and LLAMA_Q8=... GGUFs runs
-#    `llama-bench -p 0 -n 128 -t THREADS` on each, in the same rounds (llama.cpp is never a dependency).
+#    `llama-bench -p 0 -n 128 -t THREADS` on each, in the same rounds, and `llama-bench -pg 4032,64` on the f32 GGUF
+#    in the long-context rounds (decode after a 4,032-token prompt) (llama.cpp is never a dependency).
 # Rounds are interleaved (bw, f32, q8, [llama f32, llama q8], ppl 64, ppl 1), min/median/max over BENCH_RUNS rounds
 # (default 5; BENCH_PPL_RUNS, default 3, of them also run ppl). Threads: OMP_NUM_THREADS (default 2). The load
 # average is printed at the start and the end: on a busy machine the figures are not the machine's.
@@ -18,6 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${BENCH_RUNS:-5}
 PPL_RUNS=${BENCH_PPL_RUNS:-3}
+LONG_RUNS=${BENCH_LONG_RUNS:-3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 F32=models/smollm2-135m-instruct.bin
 Q8=models/smollm2-135m-instruct.q8.bin
@@ -58,6 +67,27 @@ ppl() {   # CHUNK -> tok/s per policy run
     ./run "$F32" -m ppl -f "$tmp/ppl.txt" -c 2048 -chunk "$1" 2>&1 | grep -o '[0-9.]* tok/s per policy run' | cut -d' ' -f1 |
         grep . || { echo "bench: ./run -m ppl -chunk $1 failed" >&2; exit 1; }
 }
+ppl_evict() {   # CHUNK -> tok/s per policy run of h2o:64 and sink:64 at -c 256
+    ./run "$F32" -m ppl -f "$tmp/ppl.txt" -c 256 -kv h2o:64 -kv sink:64 -chunk "$1" 2>&1 |
+        grep -o '[0-9.]* tok/s per policy run' | cut -d' ' -f1 | grep . || { echo "bench: ./run -m ppl -c 256 -chunk $1 failed" >&2; exit 1; }
+}
+LONG_CTX=(256 1024 4096 8192)
+long_decode() {   # BW -> "spec context p50_ms fraction_of_limit" lines, f32 weights, f32 and q8 KV
+    rm -f "$tmp/long.jsonl"
+    ./run "$F32" -m bench -c 8224 -n 32 -lengths "$(IFS=,; echo "${LONG_CTX[*]}")" -kv full -kv full,type=q8 \
+        -o "$tmp/long.jsonl" 2>/dev/null || { echo "bench: ./run -m bench -c 8224 failed" >&2; exit 1; }
+    python3 - "$tmp/long.jsonl" "$1" "$B_F32" <<'PY'
+import json, sys
+bw, wb = float(sys.argv[2]) * 1e9, float(sys.argv[3])
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    limit_ms = (wb + r["kv_read_bytes_per_step"]) / bw * 1e3
+    print("%s %d %.3f %.4f" % ("q8" if "q8" in r["kv"] else "f32", r["context"], r["decode_ms_p50"], limit_ms / r["decode_ms_p50"]))
+PY
+}
+batch() {   # -> "S tok/s" lines
+    build/batch_bench "$F32" -p 256 -d 32 -r 1 1 2 4 8 16 | awk 'NR > 1 { print $1, $3 }'
+}
 llama() {   # GGUF -> tok/s
     "$LLAMA_BENCH" -m "$1" -p 0 -n 128 -t "$OMP_NUM_THREADS" -o json 2>/dev/null | grep -o '"avg_ts": *[0-9.]*' | grep -o '[0-9.]*$'
 }
@@ -80,6 +110,18 @@ for r in $(seq 1 "$RUNS"); do
         c64=$(ppl 64); c1=$(ppl 1)
         R[ppl64]+="$c64 "; R[ppl1]+="$c1 "
         R[ppl_x]+="$(awk -v a="$c64" -v b="$c1" 'BEGIN { printf "%.2f", a / b }') "
+        e64=$(ppl_evict 64); e1=$(ppl_evict 1)
+        R[ev64]+="$e64 "; R[ev1]+="$e1 "
+        R[ev_x]+="$(awk -v a="$e64" -v b="$e1" 'BEGIN { printf "%.2f", a / b }') "
+        while read -r S tps; do R[batch_$S]+="$tps "; [ "$S" = 1 ] && b1=$tps
+            R[batch_x_$S]+="$(awk -v a="$tps" -v b="$b1" 'BEGIN { printf "%.2f", a / b }') "; done < <(batch)
+    fi
+    if [ "$r" -le "$LONG_RUNS" ]; then
+        while read -r kt ctx ms frac; do R[long_${kt}_$ctx]+="$ms "; R[long_frac_${kt}_$ctx]+="$frac "; done < <(long_decode "${R[bw_last]}")
+        if [ -n "${LLAMA_BENCH:-}" ] && [ -n "${LLAMA_F32:-}" ]; then
+            R[llama_pg]+="$("$LLAMA_BENCH" -m "$LLAMA_F32" -p 0 -n 0 -pg 4032,64 -t "$OMP_NUM_THREADS" -o json 2>/dev/null |
+                grep -o '"avg_ts": *[0-9.]*' | grep -o '[0-9.]*$' | tail -1) "
+        fi
     fi
     echo "bench: round $r: bw ${R[bw_last]} GB/s, decode f32 $f q8 $q tok/s${c64:+, ppl chunk 64 $c64 chunk 1 $c1 tok/s}"
     c64=
@@ -99,4 +141,13 @@ row "llama.cpp Q8_0 (llama-bench -n 128), tok/s" llama_q8
 row "ppl f32 -chunk 64, tok/s per run" ppl64
 row "ppl f32 -chunk 1, tok/s per run" ppl1
 row "  speed-up (same round)" ppl_x
+row "ppl -c 256 h2o:64, sink:64 -chunk 64, tok/s" ev64
+row "ppl -c 256 h2o:64, sink:64 -chunk 1, tok/s" ev1
+row "  speed-up (same round)" ev_x
+for kt in f32 q8; do for ctx in "${LONG_CTX[@]}"; do
+    row "decode ms/token, $kt KV, context $ctx" "long_${kt}_$ctx"
+    row "  fraction of (weights + KV read) / bw" "long_frac_${kt}_$ctx"
+done; done
+row "llama.cpp f32 -pg 4032,64, tok/s (prompt+gen)" llama_pg
+for S in 1 2 4 8 16; do row "S=$S sequences in one batch, tok/s" "batch_$S"; row "  vs S=1 (same round)" "batch_x_$S"; done
 echo "bench: load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -7,7 +7,7 @@
 #  - the eight steps' commands (main, quant, pos, passkey, select, tiers, passkey_sel, compress), full grid and quick;
 #  - a step is reused only when its log says a run with the very same arguments completed; an interrupted one is
 #    measured again (REPORT_PLOTS_ONLY=1 draws it as it is);
-#  - bad settings: REPORT_TOKENS too small, REPORT_PLOTS_ONLY=1 without data.
+#  - bad settings: REPORT_TOKENS too small, REPORT_PLOTS_ONLY=1 without data, an unknown step in REPORT_STEPS.
 set -u
 cd "$(dirname "$0")/.."
 tmp=tests/tmp/report; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -92,6 +92,9 @@ else fail "report.sh REPORT_PLOTS_ONLY=1 dependencies: $(grep missing "$tmp/deps
 # --- bad settings ---
 plan small REPORT_QUICK=1 REPORT_TOKENS=128
 check small "REPORT_TOKENS=128: too small, exit 1" 1 "REPORT_TOKENS=128 is too small"
+plan badstep REPORT_STEPS="main frontier"
+check badstep "REPORT_STEPS with an unknown step: exit 1 naming it and the steps" 1 \
+    "report: unknown step 'frontier' in REPORT_STEPS; steps: main quant pos passkey select tiers passkey_sel compress"
 check depsplots "REPORT_PLOTS_ONLY=1 without this grid's data: exit 1, says where and what to run" 1 \
     "needs the data of an earlier run of this grid in build/report-quick-1040/" "run REPORT_QUICK=1 REPORT_TOKENS=1040 make report first"
 

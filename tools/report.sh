@@ -17,6 +17,8 @@
 #   REPORT_PLOTS_ONLY=1               only rebuild the plots and REPORT.md from this grid's data (see "Data" below)
 #   REPORT_DRY_RUN=1                  print the plan (directories, packages to install, commands) and exit
 #   REPORT_PROGRESS_S=S               seconds between progress lines during a measurement (default 60)
+#   REPORT_STEPS="main quant ..."     measure only these steps (the others are drawn from their data if this grid has
+#                                     it, else left out of REPORT.md's plots); default: all
 #   OMP_NUM_THREADS                   threads (default: nproc)
 #
 # What it runs (every figure's command line is written into REPORT.md, from the "cmd" field of the JSON):
@@ -141,6 +143,9 @@ fi
 # ---- the seven measurements: NAME and ./run's arguments (ARGS_NAME; -o R/NAME.dat is added) ---------------------
 TEXT=$R/text_$N.txt.dat; TEXT3=$R/text_$POS_N.txt.dat
 STEPS=(main quant pos passkey select tiers passkey_sel compress)
+for s in ${REPORT_STEPS:-}; do
+    case " ${STEPS[*]} " in *" $s "*) ;; *) echo "report: unknown step '$s' in REPORT_STEPS; steps: ${STEPS[*]}" >&2; exit 1;; esac
+done
 kvargs() { for s in "$@"; do printf -- '-kv\n%s\n' "$s"; done; }
 mapfile -t ARGS_main < <(kvargs "${MAIN[@]}")
 mapfile -t ARGS_quant < <(kvargs "${QUANT[@]}")
@@ -427,6 +432,7 @@ grid_eta() {   # REMAINING_S_OF_CURRENT INDEX_OF_CURRENT: when the grid should b
     local rem=0 i
     for ((i = $2 + 1; i < ${#STEPS[@]}; i++)); do
         [ "${REPORT_FORCE:-0}" != 1 ] && [ "$(step_state "${STEPS[$i]}")" = complete ] && continue
+        wanted "${STEPS[$i]}" || continue
         rem=$((rem + ${EST_S[${STEPS[$i]}]}))
     done
     clock $(($1 + $(scaled "$rem")))
@@ -478,8 +484,11 @@ run_step() {   # I: the I-th step
     echo "report: complete: ./run ${args[*]}" >>"$log"
     say "$name: $(mmss "${SECS[$name]}") (estimated $(mmss "${EST_S[$name]}")); $(grep -E '^(ppl: [0-9.]+ s|.*: [0-9]+/[0-9]+ correct)' "$log" | tail -1)"
 }
-for i in "${!STEPS[@]}"; do run_step "$i"; done
-[ "$PLOTS_ONLY" = 1 ] || [ -s "$R/passkey.dat" ] || { echo "report: passkey wrote no records" >&2; exit 1; }
+wanted() { [ -z "${REPORT_STEPS:-}" ] || case " $REPORT_STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
+for i in "${!STEPS[@]}"; do
+    if wanted "${STEPS[$i]}"; then run_step "$i"; else say "${STEPS[$i]}: not measured (REPORT_STEPS=\"$REPORT_STEPS\")"; fi
+done
+[ "$PLOTS_ONLY" = 1 ] || ! wanted passkey || [ -s "$R/passkey.dat" ] || { echo "report: passkey wrote no records" >&2; exit 1; }
 T_RUNS=$(($(date +%s) - T_START))
 INCOMPLETE=$(for s in "${STEPS[@]}"; do [ "$(step_state "$s")" = complete ] || echo -n "$s "; done)
 

@@ -314,12 +314,11 @@ void eval_cover_event(void *ctx, const KVEvent *ev) {
     if (cv->fn) cv->fn(cv->fn_ctx, ev);
 }
 
-double eval_cover_mass(const EvalCover *cv, const KVCache *c, int l, int g, const float *p) {
-    const KVLane *ln = &c->lanes[l * c->shape.n_kv_heads + g];
-    const int32_t *next = cv->next + (size_t)(l * cv->n_kv_heads + g) * cv->ctx;
+double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p) {
+    const int32_t *next = cv->next + (size_t)lane * cv->ctx;
     double r = 0;
-    for (int i = 0; i < ln->n_live; i++)
-        for (int x = kv_rank_pos(ln, i); x >= 0 && x < cv->ctx; x = next[x]) r += p[x];
+    for (int i = 0; i < n; i++)
+        for (int x = pos[i]; x >= 0 && x < cv->ctx; x = next[x]) r += p[x];
     return r;
 }
 
@@ -336,8 +335,9 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     if (hc->r->cover.next) {   /* merge=1: every position each live slot covers (EvalCover) */
         for (int g = 0; g < G; g++) {
             double r = 0;
+            int n = kv_lane_positions(c, l, g, e->spans, c->budget);
             for (int hh = 0; hh < group; hh++)
-                r += eval_cover_mass(&hc->r->cover, c, l, g, sp + (size_t)(g * group + hh) * e->ctx);
+                r += eval_cover_mass(&hc->r->cover, l * G + g, e->spans, n, sp + (size_t)(g * group + hh) * e->ctx);
             hc->r->recall_lane[l * G + g] += r / group;
             sum += r / group;
         }

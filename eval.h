@@ -63,8 +63,8 @@ int *eval_calib(Model *m, const Options *o, int k);
  * lane `lane` was merged into the slot at position u (both < ctx, else ignored: no recall is measured there).
  * eval_cover_event: a KVEventFn (kv.h) that applies a cache's merge-on-evict events to the EvalCover ctx, then calls
  * the observer the cache had before (fn, fn_ctx; e.g. -kvlog's writer) with every event.
- * eval_cover_mass: Σ p[x] over every position x covered by the live slots of lane (l, g) of c, p (ctx) one
- * distribution over positions; the sum in rank order, each list in its order. */
+ * eval_cover_mass: Σ p[x] over every position x covered by the n live slots at positions pos[0..n) of lane `lane`
+ * (kv_lane_positions), p (ctx) one distribution over positions; the sum in the order of pos, each list in its order. */
 typedef struct {
     int n_kv_heads, n_lanes, ctx;
     int32_t *next, *tail;   /* (n_lanes, ctx) */
@@ -76,7 +76,7 @@ void eval_cover_free(EvalCover *cv);
 void eval_cover_reset(EvalCover *cv);
 void eval_cover_merge(EvalCover *cv, int lane, int v, int u);
 void eval_cover_event(void *ctx, const KVEvent *ev);
-double eval_cover_mass(const EvalCover *cv, const KVCache *c, int l, int g, const float *p);
+double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p);
 /* SHA-256 (FIPS 180-4) of data as 64 hex digits and a NUL in hex. */
 void sha256_hex(const void *data, size_t len, char *hex);
 

@@ -147,8 +147,8 @@ void usage_policies(FILE *f) {
                "  prefetch=0|1              with fast=: move what the next layer's predicted query reads ahead\n"
                "                            (InfiniGen), default 0\n"
                "\nkeys every eviction policy takes (");
-    for (int i = 0, n = 0; kv_policy_at(i); i++)   /* those that evict and have no merge rule of their own */
-        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge) fprintf(f, "%s%s", n++ ? ", " : "", kv_policy_at(i)->name);
+    for (int i = 0, n = 0; kv_policy_at(i); i++)   /* those kv.c takes merge=1 on (spec_merge) */
+        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge && !kv_policy_at(i)->calib_full) fprintf(f, "%s%s", n++ ? ", " : "", kv_policy_at(i)->name);
     fprintf(f, "):\n"
                "  merge=0|1                 1: merge-on-evict: each victim is merged into the kept slot of its lane\n"
                "                            whose key is most similar (cosine), weighted by the two slots'\n"

@@ -523,11 +523,12 @@ static int spec_prompt(KVCache *c, char *err, size_t errlen) {
     return 0;
 }
 
-/* The eviction policies, comma-separated (those merge=1 works on: ops->evicts, and no merge of their own). */
+/* The eviction policies merge=1 works on, comma-separated: ops->evicts, no merge rule of their own, and no lane
+ * choice by calibration (duo ranks lanes by their streaming form's recall, which merging makes 1 in every lane). */
 static void eviction_names(char *names, size_t len) {
     names[0] = 0;
     for (int i = 0; kv_policy_at(i); i++)
-        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge)
+        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge && !kv_policy_at(i)->calib_full)
             snprintf(names + strlen(names), len - strlen(names), "%s%s", *names ? ", " : "", kv_policy_at(i)->name);
 }
 
@@ -544,6 +545,10 @@ static int spec_merge(KVCache *c, const KVPolicyOps *ops, char *err, size_t errl
     if (ops->merge)
         return errorf(err, errlen, "'%s': %s merges by its own rule already (adjacent tokens), so it takes no merge=; "
                       "merge=1 (merge-on-evict) is for the eviction policies: %s", c->spec.text, c->spec.name, names);
+    if (ops->calib_full)
+        return errorf(err, errlen, "'%s': %s chooses its full lanes by the recall of their streaming form on -calib "
+                      "FILE, and with merge=1 every position stays covered, so every lane's recall would be 1 and the "
+                      "choice empty: merge=1 is for the eviction policies: %s", c->spec.text, c->spec.name, names);
     if (!ops->evicts)
         return errorf(err, errlen, "'%s': %s never evicts (its lanes stop at -c), so merge=1 (merge-on-evict) would "
                       "have no victim to merge: it is for the eviction policies: %s", c->spec.text, c->spec.name,

@@ -12,7 +12,8 @@
  *   4. bytes: allocated and live bytes, the byte budget and bytes read for a SmolLM2 shape after 4,096 tokens,
  *      against the formula with every term (the f32 weight per slot included);
  *   5. a fast tier stays consistent (kv_tier_check) through merges;
- *   6. bad specs: merge=2, merge=1 on policies that do not evict or merge by their own rule, a budget of 1.
+ *   6. bad specs: merge=2, merge=1 on policies that do not evict, merge by their own rule or choose lanes by recall
+ *      (duo), a budget of 1.
  * Dimensions: L layers, NH query heads, NKV kv heads, HD head_dim. u = 2^-24, the f32 unit roundoff. */
 #include "tests/test_kv_util.h"
 #include "eval.h"
@@ -429,6 +430,7 @@ static void test_bad_specs(void) {
     expect_error("quest:16,merge=1", "quest never evicts");
     expect_error("pool:16,merge=1", "pool merges by its own rule");
     expect_error("window:1,merge=1", "use a budget >= 2");
+    expect_error("duo:8,full=0.5,merge=1", "the choice empty");
     expect_error("full,merge=1", "window, sink, h2o");   /* the message lists the policies it works on */
 }
 

@@ -855,7 +855,7 @@ static void slot_write(KVCache *c, KVLane *ln, int s, int is_v, const float *x) 
  * Merge-on-evict (merge=1, any eviction policy): the victim the policy names is merged into the kept slot of its lane
  * whose key is most similar, instead of being freed alone. The rule combines two papers:
  *   D2O (Wan et al. 2024, "D2O: Dynamic Discriminative Operations for Efficient Generative Inference of Large
- *   Language Models", arXiv:2406.13035, section 3.2): each evicted token is matched to the kept token of highest key
+ *   Language Models", arXiv:2406.13035, its token-level merging): each evicted token is matched to the kept token of highest key
  *   cosine similarity. D2O merges only when that similarity passes a threshold it tracks as a moving average, and
  *   weighs the pair by their similarity;
  *   CaM (Zhang et al., ICML 2024, "CaM: Cache Merging for Memory-efficient LLMs Inference"): the evicted token's

@@ -104,8 +104,7 @@ void usage(FILE *f) {
     fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
                "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, prec|kprec|vprec=T:N/.../T, "
-               "pos=orig|cache, "
-               "agg=mean|max, fast=BYTES|P%%, prefetch=0|1\n"
+               "pos=orig|cache, agg=mean|max, fast=BYTES|P%%, prefetch=0|1; of every eviction policy: merge=0|1\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
 
@@ -151,6 +150,13 @@ void usage_policies(FILE *f) {
                "                            read leave first (split evenly over the lanes); moves and hits reported\n"
                "  prefetch=0|1              with fast=: move what the next layer's predicted query reads ahead\n"
                "                            (InfiniGen), default 0\n"
+               "\nkeys every eviction policy takes (");
+    for (int i = 0, n = 0; kv_policy_at(i); i++)   /* those kv.c takes merge=1 on (spec_merge) */
+        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge && !kv_policy_at(i)->calib_full) fprintf(f, "%s%s", n++ ? ", " : "", kv_policy_at(i)->name);
+    fprintf(f, "):\n"
+               "  merge=0|1                 1: merge-on-evict: each victim is merged into the kept slot of its lane\n"
+               "                            whose key is most similar (cosine), weighted by the two slots'\n"
+               "                            accumulated attention (CaM, D2O); 4 B more per slot; default 0\n"
                "\nkeys every selection policy takes:\n"
                "  prompt=sparse|dense       sparse (default): every query selects; dense: the prompt's queries read\n"
                "                            every token (full attention, counted as full's reads) and only the later\n"

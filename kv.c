@@ -424,9 +424,17 @@ static void band_sizes(int n_bands, const int *want, int cap, int *slots) {
 }
 
 /* Per-slot bytes other than vectors: position (int32; a second, pos0, when the policy merges), one live-list and one
- * free-list entry (int), policy meta. */
-static size_t slot_meta_bytes(size_t policy_meta, int merges) {
-    return (merges ? 2 : 1) * sizeof(int32_t) + 2 * sizeof(int) + policy_meta;
+ * free-list entry (int), policy meta, and with merge=1 (merge_w) the f32 accumulated attention mw. */
+static size_t slot_meta_bytes(size_t policy_meta, int merges, int merge_w) {
+    return (merges ? 2 : 1) * sizeof(int32_t) + 2 * sizeof(int) + policy_meta + (merge_w ? sizeof(float) : 0);
+}
+static size_t cache_slot_meta(const KVCache *c) { return slot_meta_bytes(c->meta_bytes, c->merges, c->merge_evict); }
+
+/* merge=1 in a spec (merge-on-evict), as given: 1, 0 (absent or merge=0), or -1 for another value (kv_cache_init says
+ * so); read without marking the key, for the byte formula. */
+static int spec_merge_value(const KVSpec *sp) {
+    const char *v = kv_spec_value(sp, "merge");
+    return !v || !strcmp(v, "0") ? 0 : !strcmp(v, "1") ? 1 : -1;
 }
 
 /* Allocated bytes of one lane of cap slots. */
@@ -446,7 +454,8 @@ size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps 
     int nb = spec_bands(sp, kt, vt, want);
     for (int b = 0; b < nb; b++) { kb[b] = kv_vector_bytes(kt[b], s->head_dim); vb[b] = kv_vector_bytes(vt[b], s->head_dim); }
     size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
-    size_t lane = lane_alloc_bytes(nb, want, kb, vb, slots, slot_meta_bytes(pol, ops && ops->merge));
+    size_t lane = lane_alloc_bytes(nb, want, kb, vb, slots, slot_meta_bytes(pol, ops && ops->merge,
+                                                                              spec_merge_value(sp) == 1));
     return (size_t)s->n_layers * s->n_kv_heads * lane;
 }
 
@@ -454,7 +463,7 @@ static size_t band_pair_bytes(const KVCache *c, int b) { return c->band_kb[b] + 
 
 static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     KVBytes b = {0};
-    size_t meta = slot_meta_bytes(c->meta_bytes, c->merges);
+    size_t meta = cache_slot_meta(c);
     for (int x = 0; x < c->n_bands; x++) {
         b.vec_alloc += (size_t)ln->band_slots[x] * band_pair_bytes(c, x);
         b.vec_live += (size_t)(ln->band_slots[x] - ln->n_free[x]) * band_pair_bytes(c, x);
@@ -474,7 +483,7 @@ KVBytes kv_lane_bytes(const KVCache *c, int l, int g) {
     KVBytes b = lane_bytes(c, ln);
     /* the lane's peak in bytes: its peak slots, filling the bands newest first */
     int left = ln->peak_live;
-    b.peak_live = (size_t)ln->peak_live * slot_meta_bytes(c->meta_bytes, c->merges);
+    b.peak_live = (size_t)ln->peak_live * cache_slot_meta(c);
     for (int x = 0; x < c->n_bands; x++) {
         int s = left < ln->band_slots[x] ? left : ln->band_slots[x];
         b.peak_live += (size_t)s * band_pair_bytes(c, x);
@@ -500,7 +509,7 @@ KVBytes kv_bytes(const KVCache *c) {
 
 /* Bytes of one live token in band b: its vectors and its per-slot metadata. */
 static size_t token_bytes(const KVCache *c, int b) {
-    return band_pair_bytes(c, b) + slot_meta_bytes(c->meta_bytes, c->merges);
+    return band_pair_bytes(c, b) + cache_slot_meta(c);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -517,10 +526,11 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
     band_sizes(c->n_bands, c->band_want, cap, slots);
     size_t off = 0;
 #define CARVE(ptr, type, bytes) do { if (base) (ptr) = (type)(void *)(base + off); off += align16(bytes); } while (0)
-    if (base) { ln->cap = cap; ln->pos0 = NULL; }
+    if (base) { ln->cap = cap; ln->pos0 = NULL; ln->mw = NULL; }
     CARVE(ln->pos, int32_t *, (size_t)cap * sizeof(int32_t));
     CARVE(ln->live, int *, (size_t)cap * sizeof(int));
     if (c->merges) CARVE(ln->pos0, int32_t *, (size_t)cap * sizeof(int32_t));
+    if (c->merge_evict) CARVE(ln->mw, float *, (size_t)cap * sizeof(float));
     CARVE(ln->meta, uint8_t *, (size_t)cap * c->meta_bytes);
     int first = cap;
     for (int b = 0; b < c->n_bands; b++) {
@@ -556,6 +566,40 @@ static int spec_prompt(KVCache *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* The eviction policies merge=1 works on, comma-separated: ops->evicts, no merge rule of their own, and no lane
+ * choice by calibration (duo ranks lanes by their streaming form's recall, which merging makes 1 in every lane). */
+static void eviction_names(char *names, size_t len) {
+    names[0] = 0;
+    for (int i = 0; kv_policy_at(i); i++)
+        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge && !kv_policy_at(i)->calib_full)
+            snprintf(names + strlen(names), len - strlen(names), "%s%s", *names ? ", " : "", kv_policy_at(i)->name);
+}
+
+/* merge=0|1, the key every eviction policy takes (merge-on-evict, lane_evict): c->merge_evict. 0, or -1 + message
+ * (another value; a policy that does not evict, or that merges by its own rule). */
+static int spec_merge(KVCache *c, const KVPolicyOps *ops, char *err, size_t errlen) {
+    const char *v = kv_spec_get(&c->spec, "merge");
+    if (!v) return 0;
+    char names[160];
+    eviction_names(names, sizeof names);
+    if (strcmp(v, "0") && strcmp(v, "1"))
+        return errorf(err, errlen, "bad merge=%s in '%s': 0 or 1 (1: merge-on-evict, each victim merged into its most "
+                      "similar kept slot)", v, c->spec.text);
+    if (ops->merge)
+        return errorf(err, errlen, "'%s': %s merges by its own rule already (adjacent tokens), so it takes no merge=; "
+                      "merge=1 (merge-on-evict) is for the eviction policies: %s", c->spec.text, c->spec.name, names);
+    if (ops->calib_full)
+        return errorf(err, errlen, "'%s': %s chooses its full lanes by the recall of their streaming form on -calib "
+                      "FILE, and with merge=1 every position stays covered, so every lane's recall would be 1 and the "
+                      "choice empty: merge=1 is for the eviction policies: %s", c->spec.text, c->spec.name, names);
+    if (!ops->evicts)
+        return errorf(err, errlen, "'%s': %s never evicts (its lanes stop at -c), so merge=1 (merge-on-evict) would "
+                      "have no victim to merge: it is for the eviction policies: %s", c->spec.text, c->spec.name,
+                      names);
+    c->merge_evict = v[0] == '1';
+    return 0;
+}
+
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen) {
     return kv_cache_init_lanes(c, shape, spec, NULL, err, errlen);
 }
@@ -572,6 +616,7 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
                       shape->n_heads, shape->n_kv_heads);
     if (shape->head_dim < 2 || shape->head_dim % 2)
         return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", shape->head_dim);
+    if (spec_merge(c, ops, err, errlen)) return -1;
     int budget = spec->budget;
     if (spec->budget_bytes) {
         if (ops->select)
@@ -603,6 +648,9 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
         budget = shape->seq_len;
     }
     if (budget < 1) return errorf(err, errlen, "'%s': no budget and no context length", spec->text);
+    if (c->merge_evict && budget < 2)
+        return errorf(err, errlen, "'%s': merge=1 merges a victim into another kept slot, which a lane of one slot "
+                      "never has: use a budget >= 2", spec->text);
     /* slots per lane: the budget; snapkv's lanes grow to -c after its compression (or stay at a larger budget); a
        selection policy's lanes hold every token up to -c whatever it reads (a budget above -c reads them all) */
     int n_lanes = shape->n_layers * shape->n_kv_heads;
@@ -713,6 +761,7 @@ void kv_cache_reset(KVCache *c) {
         }
         for (int s = 0; s < ln->cap; s++) ln->pos[s] = -1;
         if (ln->pos0) for (int s = 0; s < ln->cap; s++) ln->pos0[s] = -1;
+        if (ln->mw) memset(ln->mw, 0, (size_t)ln->cap * sizeof(float));
         memset(ln->meta, 0, (size_t)ln->cap * c->meta_bytes);
     }
     for (int g = 0; g < c->shape.n_kv_heads; g++) c->read_n[g] = -1;
@@ -806,7 +855,7 @@ static void policy_bug(const KVCache *c, const char *verb, int l, int g, int ran
 
 static void emit(KVCache *c, KVEventKind kind, int t, int l, int g, int pos, int pos0, int n, int band, double score) {
     if (!c->on_event) return;
-    KVEvent ev = {kind, t, l, g, pos, pos0, n, band, band >= 0 ? c->band_ktype[band] : KV_F32,
+    KVEvent ev = {kind, t, l, g, pos, pos0, n, -1, band, band >= 0 ? c->band_ktype[band] : KV_F32,
                   band >= 0 ? c->band_vtype[band] : KV_F32, score, kind == KV_EV_EVICT ? c->policy.ops->reason : ""};
     c->on_event(c->event_ctx, &ev);
 }
@@ -832,19 +881,6 @@ static void lane_compact(KVCache *c, int lane, KVLane *ln) {
     ln->n_live = w;
 }
 
-/* evict: free the n ranks the policy named, reporting each to the event log. */
-static void lane_evict(KVCache *c, int l, int g, KVLane *ln, const int *ranks, const double *score, int n, int t) {
-    for (int j = 0; j < n; j++) {
-        int r = ranks[j];
-        if (r < 0 || r >= ln->n_live || ln->pos[ln->live[r]] < 0) policy_bug(c, "evict", l, g, r, ln->n_live);
-        int s = ln->live[r];
-        emit(c, KV_EV_EVICT, t, l, g, ln->pos[s], ln->pos0 ? ln->pos0[s] : ln->pos[s], 1, -1, score[j]);
-        slot_release(c, ln, s);
-        c->n_evictions++;
-    }
-    lane_compact(c, l * c->shape.n_kv_heads + g, ln);
-}
-
 /* The stored vector of slot s as f32 (keys as stored: rotated under pos=orig, pre-RoPE under pos=cache). */
 static void slot_read(const KVCache *c, const KVLane *ln, int s, int is_v, float *x) {
     int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
@@ -856,6 +892,114 @@ static void slot_write(KVCache *c, KVLane *ln, int s, int is_v, const float *x) 
     int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
     if (is_v) kv_encode(ln->v[b] + (size_t)row * c->band_vb[b], c->band_vtype[b], x, c->shape.head_dim);
     else kv_encode(ln->k[b] + (size_t)row * c->band_kb[b], c->band_ktype[b], x, c->shape.head_dim);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Merge-on-evict (merge=1, any eviction policy): the victim the policy names is merged into the kept slot of its lane
+ * whose key is most similar, instead of being freed alone. The rule combines two papers:
+ *   D2O (Wan et al. 2024, "D2O: Dynamic Discriminative Operations for Efficient Generative Inference of Large
+ *   Language Models", arXiv:2406.13035, its token-level merging): each evicted token is matched to the kept token of highest key
+ *   cosine similarity. D2O merges only when that similarity passes a threshold it tracks as a moving average, and
+ *   weighs the pair by their similarity;
+ *   CaM (Zhang et al., ICML 2024, "CaM: Cache Merging for Memory-efficient LLMs Inference"): the evicted token's
+ *   attention decides how much of it is merged. CaM merges only the value, into the tokens after the victim, with a
+ *   probability sampled from the attention ratio.
+ * kvlab's rule is deterministic: every victim is merged (no threshold, no sampling), key and value alike, into the
+ * kept slot of highest cosine (D2O's target), as the weighted average (w_v·x_v + w_t·x_t) / (w_v + w_t) with w each
+ * slot's accumulated attention (CaM's signal, as a weight): the group-mean probabilities summed over every step the
+ * slot was read (KVLane.mw, kept by the cache whatever the policy scores, so it works for sink and window too; a
+ * merged slot's weight is the sum of its tokens', w_t += w_v), equal weights when both are 0.
+ *   keys      as stored, decoded to f32: under pos=orig rotated by their positions (the merged key is then the
+ *             weighted mean of rotated keys, so its score is the weighted mean of the two scores: exact for queries'
+ *             dot products, but a softmax of a mean is not the mean of the probabilities); under pos=cache before
+ *             RoPE, rotated later by the target's rank (the victim's offset is lost);
+ *   cosine    in double from the f32 keys, d in order; a key of norm 0 has cosine 0 with every key; ties go to the
+ *             oldest rank;
+ *   targets   every live slot of the lane but the victims of this eviction (the token being stored is not stored
+ *             yet): sinks and the newest tokens included, so protection decides who leaves, not who receives. A
+ *             victim with no candidate (every live slot a victim: scissorhands freeing a whole lane) is freed alone;
+ *   storage   each vector decoded from its own band's form, averaged in f32 (each operation rounded, none fused),
+ *             encoded into the target's slot in the target's form (its band and type do not change);
+ *   what stays the target keeps its position, band, tier and policy metadata (a policy's score stays the target's:
+ *             the cache does not know its meaning); it covers the victim's positions for recall (eval.c);
+ *   reads     the similarity pass reads every live key and the merge the two values: counted in bytes_read (the
+ *             method's cost per step); with a fast tier these reads are made where the slots lie (no move counted),
+ *             as a recode's are.
+ * Several victims at once (scissorhands' drop=M) merge in the order the policy named them, each into a slot that is
+ * not a victim, as it stands after the merges before it.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* The candidate rank (skip[i] == 0) whose key is most similar to rank v's by cosine, as the rule above says; its
+ * cosine in *cosine. -1 when there is none. Counts the keys it reads. */
+static int merge_target(KVCache *c, const KVLane *ln, int v, const int *skip, double *cosine) {
+    int hd = c->shape.head_dim, best = -1;
+    float xv[hd], x[hd];
+    slot_read(c, ln, ln->live[v], 0, xv);
+    c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[v])];
+    double nv = 0;
+    for (int d = 0; d < hd; d++) nv += (double)xv[d] * xv[d];
+    for (int i = 0; i < ln->n_live; i++) {
+        if (skip[i]) continue;
+        slot_read(c, ln, ln->live[i], 0, x);
+        c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[i])];
+        double dot = 0, nx = 0;
+        for (int d = 0; d < hd; d++) { dot += (double)xv[d] * x[d]; nx += (double)x[d] * x[d]; }
+        double cs = nv > 0 && nx > 0 ? dot / sqrt(nv * nx) : 0;
+        if (best < 0 || cs > *cosine) { best = i; *cosine = cs; }
+    }
+    return best;
+}
+
+/* The merge verb: the victim at rank v is merged into the kept rank tgt (key and value weighted by mw, the target's
+ * form), the target's weight becomes the sum, one KV_EV_MERGE (victim pos, into the target's) is reported, and the
+ * victim's slot is freed (the live list is compacted by the caller). */
+static void lane_merge_into(KVCache *c, int l, int g, KVLane *ln, int v, int tgt, double cosine, int t) {
+    int hd = c->shape.head_dim, sv = ln->live[v], st = ln->live[tgt];
+    float wv = ln->mw[sv], wt = ln->mw[st], a = wv, b = wt;
+    if (!(a + b > 0)) a = b = 1;   /* neither was ever attended: equal weights */
+    float xv[hd], xt[hd];
+    for (int is_v = 0; is_v < 2; is_v++) {
+        slot_read(c, ln, sv, is_v, xv);
+        slot_read(c, ln, st, is_v, xt);
+        for (int d = 0; d < hd; d++) xt[d] = (a * xv[d] + b * xt[d]) / (a + b);
+        slot_write(c, ln, st, is_v, xt);
+    }
+    c->bytes_read += c->band_vb[kv_slot_band(ln, sv)] + c->band_vb[kv_slot_band(ln, st)];
+    ln->mw[st] = wt + wv;
+    if (c->on_event) {
+        KVEvent ev = {KV_EV_MERGE, t, l, g, ln->pos[sv], ln->pos[sv], 2, ln->pos[st], -1, KV_F32, KV_F32, cosine, ""};
+        c->on_event(c->event_ctx, &ev);
+    }
+    slot_release(c, ln, sv);
+    c->n_merged++;
+}
+
+/* evict: free the n ranks the policy named, reporting each to the event log; with merge=1 each is merged into its
+ * most similar kept slot instead (above). */
+static void lane_evict(KVCache *c, int l, int g, KVLane *ln, const int *ranks, const double *score, int n, int t) {
+    int *victim = c->run_buf;   /* (n_live) merge=1: 1 for the ranks named, which are no merge targets */
+    if (c->merge_evict) {
+        for (int i = 0; i < ln->n_live; i++) victim[i] = 0;
+        for (int j = 0; j < n; j++) {
+            int r = ranks[j];
+            if (r < 0 || r >= ln->n_live || victim[r]) policy_bug(c, "evict", l, g, r, ln->n_live);
+            victim[r] = 1;
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        int r = ranks[j];
+        if (r < 0 || r >= ln->n_live || ln->pos[ln->live[r]] < 0) policy_bug(c, "evict", l, g, r, ln->n_live);
+        if (c->merge_evict) {
+            double cosine = 0;
+            int tgt = merge_target(c, ln, r, victim, &cosine);
+            if (tgt >= 0) { lane_merge_into(c, l, g, ln, r, tgt, cosine, t); continue; }
+        }
+        int s = ln->live[r];
+        emit(c, KV_EV_EVICT, t, l, g, ln->pos[s], ln->pos0 ? ln->pos0[s] : ln->pos[s], 1, -1, score[j]);
+        slot_release(c, ln, s);
+        c->n_evictions++;
+    }
+    lane_compact(c, l * c->shape.n_kv_heads + g, ln);
 }
 
 /* merge: each run of count[j] adjacent ranks from first[j] becomes one slot, the newest token's: key and value the
@@ -913,6 +1057,7 @@ static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
     }
     ln->pos[to] = ln->pos[from];
     if (ln->pos0) { ln->pos0[to] = ln->pos0[from]; ln->pos0[from] = -1; }
+    if (ln->mw) { ln->mw[to] = ln->mw[from]; ln->mw[from] = 0; }
     ln->pos[from] = -1;
     memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
     ln->live[i] = to;
@@ -951,6 +1096,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         slot_write(c, ln, slot, 1, v + (size_t)g * hd);
         ln->pos[slot] = t;
         if (ln->pos0) ln->pos0[slot] = t;
+        if (ln->mw) ln->mw[slot] = 0;
         ln->live[ln->n_live++] = slot;
         c->live_bytes += token_bytes(c, 0);
         if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
@@ -1172,8 +1318,9 @@ void kv_attend_policy(KVCache *c, int l, int t) {
         }
         if (l == 0) c->steps_read++;
     }
-    /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */
-    if (ops->observe)
+    /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it); with
+       merge=1 the cache adds the mean to each slot's accumulated attention (mw) itself */
+    if (ops->observe || c->merge_evict)
         for (int g = 0; g < n_kv; g++) {
             const KVLane *ln = &c->lanes[l * n_kv + g];
             float *agg = c->agg + (size_t)g * budget, *mean = c->mean + (size_t)g * budget;
@@ -1187,7 +1334,8 @@ void kv_attend_policy(KVCache *c, int l, int t) {
                 mean[i] = sum / group;
                 agg[i] = c->spec.agg == AGG_MAX ? mx : mean[i];
             }
-            ops->observe(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
+            if (c->merge_evict) for (int i = 0; i < ln->n_live; i++) ln->mw[ln->live[i]] += mean[i];
+            if (ops->observe) ops->observe(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
         }
     if (ops->on_layer_done) ops->on_layer_done(&c->policy, l, t);
     if (ops->prune) {
@@ -1222,10 +1370,11 @@ void kv_describe(const KVCache *c, char *buf, size_t len) {
     if (c->tiers)
         snprintf(fast, sizeof fast, ", fast tier %.2f MiB (%zu B per lane)%s", c->tier.cap / 1048576.0,
                  c->tier.lane_cap, c->spec.prefetch ? ", prefetch" : "");
-    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d%s, pos %s, agg %s%s",
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d%s, pos %s, agg %s%s%s",
              c->spec.name, c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s",
              kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], c->residual, prec,
-             c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast);
+             c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast,
+             c->merge_evict ? ", merge-on-evict" : "");
 }
 
 int kv_lane_read(const KVCache *c, int l, int g, int *spans, int max) {

@@ -52,6 +52,13 @@
  * encoded into the newest token's slot in that slot's storage form; it keeps the newest token's position and covers pos0..pos for
  * recall. The other slots of the run are freed.
  *
+ * Merge-on-evict (merge=1, any evicting policy but pool): when the policy names a victim, the cache merges it into the
+ * kept slot of the same lane whose key is most similar by cosine instead of freeing it alone (D2O's choice of target,
+ * CaM's attention weights; kv.c, lane_evict, says what differs from the papers): key and value become
+ * (w_v·x_victim + w_t·x_target) / (w_v + w_t), w the slots' accumulated attention (KVLane.mw, kept by the cache),
+ * equal weights when both are 0; the target keeps its position and storage form, its weight becomes w_t + w_v, and
+ * it covers the victim's positions for recall (a set, not a range: eval.c follows it from the KV_EV_MERGE events).
+ *
  * Positions (pos=):
  *   orig: keys are rotated with their true position when stored and the query with t.
  *   cache (StreamingLLM, Xiao et al. 2023, arXiv:2309.17453, §3.2): keys are stored before RoPE; at attention time
@@ -63,7 +70,7 @@
  * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (docs/DESIGN.md), so agg= does not change them.
  *
  * Memory (kv_bytes): vectors (scales and minimums included), positions (int32, two with a merging policy), the live
- * and free index lists (int each) and policy metadata, per slot; allocated = every slot of every lane, live = the
+ * and free index lists (int each), policy metadata and, with merge=1, the f32 weight mw, per slot; allocated = every slot of every lane, live = the
  * slots in use. Attention
  * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
@@ -151,6 +158,9 @@ typedef struct {
     int n_free[KV_MAX_BANDS];
     uint8_t *k[KV_MAX_BANDS];       /* (band_slots, k bytes of the band) keys in the band's key type */
     uint8_t *v[KV_MAX_BANDS];       /* (band_slots, v bytes of the band) values in the band's value type */
+    float *mw;             /* (cap) merge=1 (merge-on-evict): each slot's accumulated attention, the group-mean
+                              probabilities summed over the steps it was seen (a merged slot's: its tokens' sum), zeroed
+                              when a token is stored; NULL without merge=1 */
     uint8_t *meta;         /* (cap, meta_bytes) policy metadata of each slot, zeroed when a token is stored. It lives
                               beside the vectors, not with them: the policy owns it and may write it through a
                               const KVLane (kv_rank_meta) */
@@ -161,6 +171,8 @@ typedef struct {
  * sees slot ids, free lists or vectors; it answers with ranks. Its metadata for rank i: kv_rank_meta. */
 static inline int kv_rank_pos(const KVLane *ln, int i) { return ln->pos[ln->live[i]]; }
 static inline int kv_rank_pos0(const KVLane *ln, int i) { return ln->pos0 ? ln->pos0[ln->live[i]] : kv_rank_pos(ln, i); }
+/* merge=1: the accumulated attention of rank i (KVLane.mw); 0 without merge=1. */
+static inline float kv_rank_weight(const KVLane *ln, int i) { return ln->mw ? ln->mw[ln->live[i]] : 0.0f; }
 static inline uint8_t *kv_rank_meta(const KVLane *ln, int i, size_t meta_bytes) {
     return ln->meta + (size_t)ln->live[i] * meta_bytes;
 }
@@ -307,16 +319,19 @@ typedef struct {
 
 /* An event the cache reports to an optional log (-kvlog), one per token affected:
  *   KV_EV_EVICT   the token at `pos` was freed (score: the policy's, reason: the policy's `reason`);
- *   KV_EV_MERGE   the tokens pos0..pos (n slots, adjacent ranks) became one slot at position pos;
+ *   KV_EV_MERGE   the tokens pos0..pos (n slots, adjacent ranks) became one slot at position pos (pool; into -1);
+ *                 or, merge-on-evict (merge=1), the victim at `pos` was merged into the kept slot at position `into`
+ *                 (n = 2, pos0 = pos, score = the two keys' cosine);
  *   KV_EV_RECODE  the token at `pos` moved to band `band`, stored as ktype/vtype from now on. */
 typedef enum { KV_EV_EVICT, KV_EV_MERGE, KV_EV_RECODE } KVEventKind;
 typedef struct {
     KVEventKind kind;
     int pos_now, layer, kv_head;
     int pos, pos0, n;       /* the token (merge: the newest; pos0 the oldest covered, n slots merged) */
+    int into;               /* merge-on-evict: the position of the kept slot the victim was merged into; else -1 */
     int band;               /* recode: the band it moved to */
     KVType ktype, vtype;    /* recode: its storage form there */
-    double score;           /* evict */
+    double score;           /* evict: the policy's score; merge-on-evict: the cosine of the victim's and target's keys */
     const char *reason;     /* evict: why (the policy's reason) */
 } KVEvent;
 typedef void (*KVEventFn)(void *ctx, const KVEvent *ev);
@@ -369,6 +384,8 @@ struct KVCache {
     size_t k_bytes, v_bytes; /* bytes of one key / value vector of the last band (the base type) */
     size_t meta_bytes;       /* bytes of policy metadata per slot */
     int merges;              /* 1: the policy merges: lanes keep pos0 */
+    int merge_evict;         /* 1: merge=1, merge-on-evict: a victim is merged into its most similar kept slot
+                                (kv.c, lane_evict) and lanes keep mw */
     int prompt_dense;        /* 1: prompt=dense (selection policies): queries before the prompt's end read every
                                 token through the ordinary attention, later ones select (kv_set_prompt_len) */
     KVLane *lanes;           /* (n_layers * n_kv_heads) */

@@ -331,8 +331,9 @@ static int bench(const char *model_path) {
 
 /* What the mirror does not take yet is refused when it attaches, with a message naming the spec and the CPU way. */
 static void test_refused(void) {
-    const char *specs[] = {"full,prec=f32:4/q8:8/q4", "full,prec=q8:4/q4", "pool:16,group=2,recent=8", "topk:8"};
-    for (int i = 0; i < 4; i++) {
+    const char *specs[] = {"full,prec=f32:4/q8:8/q4", "full,prec=q8:4/q4", "pool:16,group=2,recent=8", "topk:8",
+                           "h2o:16,merge=1"};
+    for (int i = 0; i < 5; i++) {
         KVShape s = tshape(2, 4, 2, 64, 32);
         KVCache c;
         char err[512] = "";

@@ -25,7 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-const char *const kv_type_names[KV_NTYPES] = {"f32", "f16", "bf16", "q8", "q4"};
+const char *const kv_type_names[KV_NTYPES] = {"f32", "f16", "bf16", "q8", "q4", "q2"};
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Storage types: the codec (layouts, rounding, error bounds) is kv_codec.h, shared with attn.cu's kernels; here are
@@ -57,6 +57,7 @@ void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
     case KV_BF16: encode_units(dst, KV_BF16, x, G, n); break;
     case KV_Q8: encode_units(dst, KV_Q8, x, G, n); break;
     case KV_Q4: encode_units(dst, KV_Q4, x, G, n); break;
+    case KV_Q2: encode_units(dst, KV_Q2, x, G, n); break;
     default: break;
     }
 }
@@ -76,6 +77,7 @@ void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
     case KV_BF16: decode_units(x, KV_BF16, src, G, 0, n); break;
     case KV_Q8: decode_units(x, KV_Q8, src, G, 0, n); break;
     case KV_Q4: decode_units(x, KV_Q4, src, G, 0, n); break;
+    case KV_Q2: decode_units(x, KV_Q2, src, G, 0, n); break;
     default: break;
     }
 }
@@ -151,7 +153,7 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
     return 0;
 }
 
-#define TYPE_CHOICES "f32, f16, bf16, q8, q4"
+#define TYPE_CHOICES "f32, f16, bf16, q8, q4, q2"
 #define COMMON_KEYS "type, ktype, vtype, residual, prec, pos, agg, fast, prefetch"
 
 /* fast=BYTES ("64MiB", "512KiB", "4096B", "4096") or fast=P% (0 < P <= 100, of the cache's vector bytes). 0, or -1. */
@@ -420,8 +422,9 @@ static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     b.meta_live = (size_t)ln->n_live * meta;
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
-    /* bytes per element of the base (last band's) types: f32 4, f16/bf16 2, q8 1, q4 0.5; in eighths, integral */
-    static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4};
+    /* bytes per element of the base (last band's) types: f32 4, f16/bf16 2, q8 1, q4 0.5, q2 0.25; in eighths,
+       integral */
+    static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4, 2};
     b.formula_alloc = (size_t)c->shape.head_dim * ln->cap * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
     return b;
 }

@@ -68,11 +68,11 @@
  * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_NTYPES } KVType;
+typedef enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_Q2, KV_NTYPES } KVType;
 typedef enum { POS_ORIG = 0, POS_CACHE } PosMode;
 typedef enum { AGG_MEAN = 0, AGG_MAX } AggMode;
 
-extern const char *const kv_type_names[KV_NTYPES];   /* "f32", "f16", "bf16", "q8", "q4" */
+extern const char *const kv_type_names[KV_NTYPES];   /* "f32", "f16", "bf16", "q8", "q4", "q2" */
 
 /* The model's attention geometry, as the cache needs it. */
 typedef struct {
@@ -295,7 +295,8 @@ typedef struct {
     size_t total_alloc, total_live;
     size_t peak_live;               /* the most total_live ever reached since init or reset */
     size_t formula_alloc;           /* 2 · n_layers · n_kv_heads · head_dim · slots · bytes per element (f32 = 4,
-                                       f16/bf16 = 2, q8 = 1, q4 = 0.5, k and v types apart, residual ignored): the
+                                       f16/bf16 = 2, q8 = 1, q4 = 0.5, q2 = 0.25, k and v types apart, residual
+                                       ignored): the
                                        vector part people quote */
 } KVBytes;
 
@@ -452,7 +453,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * kv_attend_chunk in every build, attn.cu's kernels and their CPU twin: tests/test_attn_ref.c, tests/test_attn.cu).
  * q (n_heads * head_dim, before RoPE) is the token at position t, stored by kv_append(c, l, t, ...) just before; for
  * each query head h, with lane (l, h / (n_heads / n_kv_heads)) holding n live slots k_i, v_i in rank (position) order:
- *   keys    the f32 key as stored: an f32 band as is, f16/bf16/q8/q4 decoded (kv_decode); under pos=orig
+ *   keys    the f32 key as stored: an f32 band as is, f16/bf16/q8/q4/q2 decoded (kv_decode); under pos=orig
  *           it was rotated by its position when stored, under pos=cache it is rotated now by its rank i (StreamingLLM,
  *           Xiao et al. 2023, §3.2), and the query by t (pos=orig) or by n-1 (pos=cache) (RoPE: Su et al. 2021);
  *   scores  s_i = (q·k_i)/√head_dim (scaled dot-product attention, Vaswani et al. 2017, eq. 1), f32;

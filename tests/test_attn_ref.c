@@ -19,7 +19,7 @@
 
 typedef struct { const char *name, *opts; } TypeCase;
 static const TypeCase TYPES[] = {
-    {"f32", "type=f32"}, {"f16", "type=f16"}, {"bf16", "type=bf16"}, {"q8", "type=q8"}, {"q4", "type=q4"},
+    {"f32", "type=f32"}, {"f16", "type=f16"}, {"bf16", "type=bf16"}, {"q8", "type=q8"}, {"q4", "type=q4"}, {"q2", "type=q2"},
     {"k q8 v f16", "ktype=q8,vtype=f16"}, {"q8 + residual", "type=q8,residual=R"}, {"q4 + residual", "type=q4,residual=R"},
     {"prec f32/q8/q4", "prec=f32:R/q8:R/q4"},
 };

@@ -13,54 +13,113 @@
  * Storage types
  * ------------------------------------------------------------------------------------------------------------- */
 
-#define F16_ULP_REL 9.765625e-4   /* 2^-10: spacing of f16 relative to the value (rounding up/down: one full ulp) */
-#define F16_SUB 5.9604645e-8      /* 2^-24: spacing of subnormal f16 */
+/* The test's own f16 arithmetic, in double (independent of kv_codec.h): the f16 spacing at a value, and the smallest
+ * f16 >= v and the largest f16 <= v, saturating at ±65504 as the codec's scales and minimums do. */
+#define F16_MAX 65504.0
+static double f16_ulp(double a) {   /* spacing of f16 around |a| (normal: 2^(e-10); subnormal: 2^-24) */
+    a = fabs(a);
+    if (a < ldexp(1, -14)) return ldexp(1, -24);
+    int e;
+    frexp(a, &e);   /* a = f * 2^e, f in [0.5, 1): a in [2^(e-1), 2^e) */
+    return ldexp(1, e - 1 - 10);
+}
+static double f16_up(double v) {    /* smallest f16 >= v, v >= 0 */
+    if (v <= 0) return 0;
+    double u = f16_ulp(v), r = ceil(v / u) * u;
+    return r > F16_MAX ? F16_MAX : r;
+}
+static double f16_down(double v) {  /* largest f16 <= v */
+    if (v >= 0) { double u = f16_ulp(v), r = floor(v / u) * u; return r > F16_MAX ? F16_MAX : r; }
+    double r = -f16_up(-v);
+    return r < -F16_MAX ? -F16_MAX : r;
+}
+static double bf16_half_ulp(double a) {   /* half the bf16 spacing around |a| (8 significant bits; subnormal 2^-133) */
+    a = fabs(a);
+    if (a < ldexp(1, -126)) return ldexp(1, -134);
+    int e;
+    frexp(a, &e);
+    return ldexp(1, e - 1 - 8);
+}
+#define BF16_MAX 3.3895313892515355e38   /* (2 - 2^-7) · 2^127 */
 
-/* Largest error allowed for element j of x (hd) in type ty, from the type's layout (kv.c, Storage types). */
-static double type_bound(KVType ty, const float *x, int hd, int j) {
-    double a = fabs(x[j]);
-    if (ty == KV_F16) return a <= 65504 ? fmax(a * 4.8828125e-4, F16_SUB / 2) : a - 65504;   /* half an ulp: 2^-11 */
-    if (ty == KV_BF16) return fmax(a * 3.90625e-3, 1e-38);                                   /* half an ulp: 2^-8 */
+/* What element j of x (hd) may decode to in type ty, from the layout alone (kv_codec.h), computed here in double: the
+ * element clamped to what the format can express (f16, bf16: their largest finite value; q8: ±127·d; q4, q2: the
+ * code range [m, m + qmax·d], which holds every element unless a scale or minimum saturated at ±65504), then within
+ * *tol of that. The scale d is the smallest f16 >= (the group's amax/127, or (max - m)/qmax) · (1 + 2^-24): the codec
+ * rounds the quotient to f32 (at most one f32 rounding, 2^-24 relative) before it rounds up to f16; m is the group's
+ * minimum rounded down to f16. The error is then at most d/2 (the code's rounding) plus the f32 roundings of the
+ * encoder's x/d or (x - m)/d and of the decoder's d·q + m, each at most 2^-24 of the larger operand: (|x| + |m|) · 2^-22
+ * covers them with room. */
+static double type_target(KVType ty, const float *x, int hd, int j, double *tol) {
+    double a = x[j];
+    if (ty == KV_F16) {
+        double y = fmax(-F16_MAX, fmin(F16_MAX, a));
+        *tol = f16_ulp(y) / 2;
+        return y;
+    }
+    if (ty == KV_BF16) {
+        double y = fmax(-BF16_MAX, fmin(BF16_MAX, a));
+        *tol = bf16_half_ulp(y);
+        return y;
+    }
     int G = 1;
     while (G < 32 && hd % (2 * G) == 0) G *= 2;   /* gcd(hd, 32) for these even head_dims */
     int g0 = j / G * G;
     double amax = 0, mn = x[g0], mx = x[g0];
     for (int i = g0; i < g0 + G; i++) { amax = fmax(amax, fabs(x[i])); mn = fmin(mn, x[i]); mx = fmax(mx, x[i]); }
+    double lo, hi, d, m = 0;
     if (ty == KV_Q8) {
-        double d = amax / 127 * (1 + F16_ULP_REL) + F16_SUB;   /* the scale, rounded up to the next f16 */
-        return d / 2 + a * 1.2e-7 + 1e-45;                      /* + f32 rounding of x/d */
+        d = f16_up(amax / 127 * (1 + ldexp(1, -24)));
+        lo = -127 * d; hi = 127 * d;
+    } else {
+        int qmax = ty == KV_Q4 ? 15 : 3;
+        m = f16_down(mn);
+        d = f16_up((mx - m) / qmax * (1 + ldexp(1, -24)));
+        lo = m; hi = m + qmax * d;
     }
-    /* q4: minimum rounded down one f16 step at most, scale rounded up */
-    double m = mn - fabs(mn) * F16_ULP_REL - F16_SUB;
-    double d = (mx - m) / 15 * (1 + F16_ULP_REL) + F16_SUB;
-    return d / 2 + (a + fabs(m)) * 1.2e-7 + 1e-45;
+    *tol = d / 2 + (fabs(a) + fabs(m)) * ldexp(1, -22) + 1e-45;
+    return fmax(lo, fmin(hi, a));
 }
 
+/* Every storage type on adversarial vectors: each element's error against the layout's bound computed above (asserted
+ * element by element: a single element over its bound fails), zeros exact, and no finite input decoding to inf or
+ * NaN, at head_dims 6 (groups of 2), 8, 64 and 80 (groups of 16). */
 static void test_storage_types(void) {
-    const int hds[] = {8, 64, 80};
-    const KVType types[] = {KV_F16, KV_BF16, KV_Q8, KV_Q4};
-    /* kinds: 0 random N(0,1), 1 zeros, 2 all +-1e-30, 3 one outlier 1e4, 4 constant 3.7, 5 mixed scales 1e-3..1e3,
-       6 tiny 1e-6 with one 1e5 */
-    for (int ti = 0; ti < 4; ti++)
-        for (int hi = 0; hi < 3; hi++) {
+    const int hds[] = {6, 8, 64, 80};
+    const KVType types[] = {KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_Q2};
+    enum { KINDS = 12 };
+    static const char *kind_names[KINDS] = {"random N(0,1)", "zeros", "all equal 3.7", "all equal -1e-3",
+                                            "one channel 1e4 x the rest", "near +-65504", "beyond f16 (+-1e6, 3e38)",
+                                            "f16 subnormals and f32 denormals", "alternating signs",
+                                            "scales 1e-3..1e3", "1e-6 with one 1e5", "ties: half steps"};
+    for (int ti = 0; ti < 5; ti++)
+        for (int hi = 0; hi < 4; hi++) {
             int hd = hds[hi];
             KVType ty = types[ti];
             double worst_ratio = 0;
-            int nonfinite = 0, zero_exact = 1, n_checked = 0;
+            int nonfinite = 0, zero_exact = 1, n_checked = 0, n_over = 0;
+            char first_over[160] = "";
             float x[80], y[80];
             uint8_t buf[80 * 4 + 64];
-            for (int kind = 0; kind < 7; kind++)
-                for (int rep = 0; rep < (kind == 0 || kind == 5 ? 50 : 1); rep++) {
-                    trng_seed((uint64_t)(rep * 10 + kind + 1000 * hd));
+            for (int kind = 0; kind < KINDS; kind++)
+                for (int rep = 0; rep < (kind == 0 || kind == 9 ? 50 : 4); rep++) {
+                    trng_seed((uint64_t)(rep * 100 + kind + 10000 * hd));
                     for (int j = 0; j < hd; j++) {
+                        float r = trng_normal();
                         switch (kind) {
-                        case 0: x[j] = trng_normal(); break;
+                        case 0: x[j] = r; break;
                         case 1: x[j] = 0; break;
-                        case 2: x[j] = j % 2 ? 1e-30f : -1e-30f; break;
-                        case 3: x[j] = j == hd / 3 ? 1e4f : trng_normal(); break;
-                        case 4: x[j] = 3.7f; break;
-                        case 5: x[j] = trng_normal() * powf(10.0f, (float)(j % 7) - 3); break;
-                        default: x[j] = j == 1 ? 1e5f : 1e-6f * trng_normal(); break;
+                        case 2: x[j] = 3.7f; break;
+                        case 3: x[j] = -1e-3f; break;
+                        case 4: x[j] = j == (rep * 7 + 1) % hd ? 1e4f * (rep % 2 ? -1 : 1) : 1e-4f * r; break;
+                        case 5: x[j] = (j % 2 ? -1 : 1) * (65504.0f - (float)(j % 5) * 8 + (rep == 3 ? 15.9f : 0)); break;
+                        case 6: x[j] = j % 4 == 0 ? 1e6f : j % 4 == 1 ? -3e38f : j % 4 == 2 ? 3.4028235e38f : 65520.0f * r;
+                                break;
+                        case 7: x[j] = (j % 2 ? -1 : 1) * (j % 3 == 0 ? 1e-40f : (float)ldexp(1 + j % 4, -25 - rep)); break;
+                        case 8: x[j] = (j % 2 ? -1.0f : 1.0f) * (1.0f + 0.01f * (float)j); break;
+                        case 9: x[j] = r * powf(10.0f, (float)(j % 7) - 3); break;
+                        case 10: x[j] = j == 1 ? 1e5f : 1e-6f * r; break;
+                        default: x[j] = (float)(j % 8) * 0.5f + 0.25f * (rep % 2); break;   /* halfway between codes */
                         }
                     }
                     memset(buf, 0xA5, sizeof buf);
@@ -72,33 +131,36 @@ static void test_storage_types(void) {
                     kv_decode(y, ty, buf, hd);
                     for (int j = 0; j < hd; j++) {
                         if (!isfinite(y[j])) { nonfinite++; continue; }
-                        if (kind == 1 && y[j] != 0.0f) zero_exact = 0;
-                        if (ty == KV_F16 && fabsf(x[j]) > 65504) continue;   /* saturates: finite, not bounded */
-                        double err = fabs((double)y[j] - x[j]), tol = type_bound(ty, x, hd, j);
+                        if (kind == 1 && (y[j] != 0.0f || signbit(y[j]))) zero_exact = 0;
+                        double tol, want = type_target(ty, x, hd, j, &tol), err = fabs((double)y[j] - want);
                         double r = err / tol;
+                        if (!(r <= 1.0)) {
+                            if (!n_over++)
+                                snprintf(first_over, sizeof first_over, ", first: %s x[%d] = %.9g -> %.9g (bound %.3g)",
+                                         kind_names[kind], j, (double)x[j], (double)y[j], tol);
+                        }
                         if (!(r <= worst_ratio)) worst_ratio = r != r ? INFINITY : r;
                         n_checked++;
                     }
                 }
-            CHECK(nonfinite == 0 && zero_exact && worst_ratio <= 1.0, "%s head_dim %d: %d elements within the type's "
-                  "bound (worst err/bound %.3f), zeros decode to exact zeros, no NaN/inf", kv_type_names[ty], hd,
-                  n_checked, worst_ratio);
+            CHECK(nonfinite == 0 && zero_exact && n_over == 0, "%s head_dim %d: %d elements of %d kinds of vectors each "
+                  "within its layout's bound (worst err/bound %.3f, %d over%s), zeros decode to +0, no NaN/inf",
+                  kv_type_names[ty], hd, n_checked, KINDS, worst_ratio, n_over, first_over);
         }
-    /* saturation: values beyond what an f16 scale can express stay finite */
-    float big[64], y[64];
-    uint8_t buf[64 * 4];
-    for (int j = 0; j < 64; j++) big[j] = j % 2 ? 3e38f : -1e9f;
-    int finite = 1;
-    for (int ti = 0; ti < KV_NTYPES; ti++) {
-        kv_encode(buf, (KVType)ti, big, 64);
-        kv_decode(y, (KVType)ti, buf, 64);
-        for (int j = 0; j < 64; j++) finite &= isfinite(y[j]) != 0;
-    }
-    CHECK(finite, "values of 3e38 and -1e9 encode and decode to finite numbers in every type (saturated)");
-    /* the layouts' sizes: Q8_0-like 2 + G bytes per group, Q4_1-like 4 + G/2 (G = gcd(head_dim, 32)) */
+    /* the layouts' sizes: Q8_0-like 2 + G bytes per group, Q4_1-like 4 + G/2, q2 4 + ceil(G/4) (G = gcd(head_dim, 32)) */
     CHECK(kv_vector_bytes(KV_Q8, 64) == 68 && kv_vector_bytes(KV_Q4, 64) == 40 && kv_vector_bytes(KV_Q8, 80) == 90 &&
           kv_vector_bytes(KV_Q4, 80) == 60 && kv_vector_bytes(KV_Q8, 8) == 10 && kv_vector_bytes(KV_Q4, 8) == 8 &&
-          kv_vector_bytes(KV_F16, 80) == 160, "vector bytes: q8 68/90/10, q4 40/60/8 for head_dim 64/80/8");
+          kv_vector_bytes(KV_F16, 80) == 160 && kv_vector_bytes(KV_Q2, 64) == 24 && kv_vector_bytes(KV_Q2, 80) == 40 &&
+          kv_vector_bytes(KV_Q2, 8) == 6 && kv_vector_bytes(KV_Q2, 6) == 15,
+          "vector bytes: q8 68/90/10, q4 40/60/8, q2 24/40/6/15 for head_dim 64/80/8(/6)");
+    /* q2's element order, written out: codes 0,1,2,3 in the lowest bits first, byte by byte */
+    float ramp[8] = {0, 1, 2, 3, 3, 2, 1, 0};
+    uint8_t q2[6];
+    kv_encode(q2, KV_Q2, ramp, 8);
+    CHECK(q2[0] == 0x00 && q2[1] == 0x3c && q2[2] == 0x00 && q2[3] == 0x00 && q2[4] == (0 | 1 << 2 | 2 << 4 | 3 << 6) &&
+          q2[5] == (3 | 2 << 2 | 1 << 4 | 0 << 6), "q2 of 0,1,2,3,3,2,1,0: scale 1.0 (f16 0x3c00), minimum 0, codes "
+          "packed element j at bits 2(j mod 4) of byte j/4 (bytes %02x %02x %02x %02x %02x %02x)", q2[0], q2[1], q2[2],
+          q2[3], q2[4], q2[5]);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -108,8 +170,8 @@ static void test_storage_types(void) {
 static void test_accounting(void) {
     KVShape s = tshape(30, 9, 3, 64, 4096);
     /* bytes of one key or value vector, written out from the layouts: G = 32, two groups */
-    const size_t vec[KV_NTYPES] = {64 * 4, 64 * 2, 64 * 2, 2 * (2 + 32), 2 * (4 + 32 / 2)};
-    const double per_elem[KV_NTYPES] = {4, 2, 2, 1, 0.5};
+    const size_t vec[KV_NTYPES] = {64 * 4, 64 * 2, 64 * 2, 2 * (2 + 32), 2 * (4 + 32 / 2), 2 * (4 + 32 / 4)};
+    const double per_elem[KV_NTYPES] = {4, 2, 2, 1, 0.5, 0.25};
     struct { const char *policy; size_t meta; } pols[] = {
         {"full", 0}, {"window:4096", 0}, {"h2o:4096", 4}, {"scissorhands:4096", 1024 / 8}, {"lru:4096", 4}};
     for (int ty = 0; ty < KV_NTYPES; ty++)

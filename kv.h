@@ -46,6 +46,31 @@
  * must not remember slot ids across steps: they see ranks, and keep per-slot state in `meta`, which moves with the
  * token.
  *
+ * Keys per channel (kgroup=channel, kgsize=G; KIVI, Liu et al. 2024, arXiv:2402.02750, §3.2-3.3: keys quantized per
+ * channel over groups of G tokens, values per token). In a band whose keys are quantized (q8, q4, q2), the band's
+ * slot rows are cut into GROUPS of G consecutive rows (the last one shorter when the band is). A group is EMPTY, OPEN
+ * or SEALED; a band has at most one open group, whose keys are held in f32 (KIVI's full-precision residual of the
+ * newest partial group) in a buffer of min(G, band slots) keys beside the band. A key entering the band goes to a free
+ * row of the open group, else to a row of an empty group (which opens), else to a free row of a sealed group (below).
+ * When every row of the open group holds a key, the group is SEALED: for each of the head_dim channels an f16 scale d
+ * and f16 minimum m over its G keys (kv_minscale: m rounded down, d up, so none is clipped), and each key stored as
+ * head_dim codes of 8, 4 or 2 bits, x = d·q + m, error at most the channel's d/2. Values stay per token in the band's
+ * value type. The newest tokens of a lane are thus held in f32 twice over with residual=R: the R of band 0, then up to
+ * G-1 in the open group of band 1 (KIVI's residual counts both).
+ * Eviction inside a sealed group frees the slot at once: the other keys keep their bits (their group's scales and
+ * minimums still decode them) and the freed row may take a later key. That key is coded with the group's scales when
+ * it lies within every channel's range [m, m + qmax·d] (error at most d/2, as the others); otherwise the group is
+ * re-quantized: its live keys decoded, the new one added, scales and minimums recomputed over them, all re-encoded (the
+ * old keys then carry their first rounding plus at most the new d/2). We chose this over the two alternatives: masking
+ * the freed slot until its group empties would leave a full lane no slot for the new token after its policy evicted
+ * (the budget would no longer be the slots a lane holds), and re-quantizing at every eviction would round every other
+ * key of the group again for nothing. kgroup=channel applies to the keys of every quantized band (prec= bands
+ * included: a key recoded from one band to the next is decoded and enters the next band's open group); f32, f16 and
+ * bf16 keys stay per token. It is refused with merging and selection policies and with memory tiers (fast=), and the
+ * CUDA mirror does not take it. Bytes: each slot's codes and its value, each group's scales and minimums (4·head_dim)
+ * and the open buffer are allocated; live are the sealed keys' codes, the headers of non-empty sealed groups and the
+ * open group's f32 keys (4·head_dim each), and a step reads what is live.
+ *
  * Merging (pool): the merged slot's key and value are the mean of the run's decoded f32 vectors (keys as stored:
  * rotated under pos=orig, so the merged score is the mean of the tokens' scores, the dot product being linear;
  * pre-RoPE under pos=cache, rotated later by the slot's one rank, which loses the tokens' offsets within the run),
@@ -91,6 +116,9 @@ typedef struct {
  * prec=f32:64/q8:512/q4 is three. Adjacent bands of the same form are one band. ("Tier" is kept for memory tiers,
  * fast and slow memory, which bands are not.) */
 #define KV_MAX_BANDS 4
+/* kgroup=channel's tokens per key group: the default (KIVI's G = 32) and the largest kgsize= */
+#define KV_KGSIZE_DEFAULT 32
+#define KV_KGSIZE_MAX 4096
 
 /* A parsed -kv spec: NAME[:BUDGET][,key=value...]. The keys every policy takes are parsed into fields here; the
  * rest stay as strings for the policy to read (kv_spec_get). */
@@ -114,6 +142,9 @@ typedef struct {
     double fast_frac;         /* fast=P%: the fast tier as a share of the cache's allocated vector bytes; 0 = none */
     char fast_text[24];       /* fast='s value as given, for messages */
     int prefetch;             /* prefetch=1: move what the next layer's predicted query reads ahead (kv_prefetch) */
+    int kgroup_channel;       /* kgroup=channel: quantized keys per channel over groups of kgsize tokens (above); 0:
+                                 kgroup=token, the default (per token, groups of elements as the type's layout says) */
+    int kgsize;               /* kgsize=G: tokens per key group with kgroup=channel; 0 = not given (32) */
     char text[160];           /* the spec as given, for reports */
 } KVSpec;
 
@@ -145,6 +176,7 @@ typedef struct {
     int n_free[KV_MAX_BANDS];
     uint8_t *k[KV_MAX_BANDS];       /* (band_slots, k bytes of the band) keys in the band's key type */
     uint8_t *v[KV_MAX_BANDS];       /* (band_slots, v bytes of the band) values in the band's value type */
+    int kopen[KV_MAX_BANDS];        /* kgroup=channel: the band's open key group (index of G rows), or -1 */
     uint8_t *meta;         /* (cap, meta_bytes) policy metadata of each slot, zeroed when a token is stored. It lives
                               beside the vectors, not with them: the policy owns it and may write it through a
                               const KVLane (kv_rank_meta) */
@@ -357,7 +389,11 @@ struct KVCache {
                                 or -c for full, snapkv and selection */
     int n_bands;             /* precision bands (1: none) */
     KVType band_ktype[KV_MAX_BANDS], band_vtype[KV_MAX_BANDS];
-    size_t band_kb[KV_MAX_BANDS], band_vb[KV_MAX_BANDS];   /* bytes of one key / value vector in each band */
+    size_t band_kb[KV_MAX_BANDS], band_vb[KV_MAX_BANDS];   /* bytes of one key / value vector in each band (a
+                                                              per-channel band: one key's codes) */
+    int band_kchan[KV_MAX_BANDS];  /* 1: the band's keys are per channel (kgroup=channel and a quantized key type) */
+    int kgroup;              /* G, tokens per key group of a per-channel band; 0: no band is per channel */
+    float *kgbuf;            /* (kgroup, head_dim) scratch of a group's keys while it is (re-)quantized */
     int band_want[KV_MAX_BANDS];   /* slots each band asks for (prec=, residual=), the last 0: the rest */
     int residual;            /* slots of band 0 when there are two bands and band 0 is f32 (residual=R), else 0: what
                                 the CUDA mirror takes */

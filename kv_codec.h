@@ -151,6 +151,16 @@ static inline KV_HD int kv_code(float x, float m, float d, int qmax) {
     return (int)fminf((float)qmax, fmaxf(0.0f, v));
 }
 
+/* Per-channel key codes (kgroup=channel, kv.c): a key of head_dim elements stored as head_dim codes of `bits` bits
+ * (8, 4 or 2 for q8, q4, q2) against its group's per-channel scale and minimum; element e in bits
+ * bits·(e mod (8/bits)) upwards of byte ⌊e·bits/8⌋ (the first element in the lowest bits). Bytes of one key's codes: */
+static inline KV_HD int kv_type_bits(int ty) { return ty == KV_Q8 ? 8 : ty == KV_Q4 ? 4 : ty == KV_Q2 ? 2 : 0; }
+static inline KV_HD int kv_chan_code_bytes(int bits, int head_dim) { return (head_dim * bits + 7) / 8; }
+static inline KV_HD int kv_chan_code(const uint8_t *codes, int bits, int e) {
+    int per = 8 / bits;
+    return (codes[e / per] >> (bits * (e % per))) & ((1 << bits) - 1);
+}
+
 /* Encode unit u (0 .. kv_codec_units - 1) of x (head_dim, finite) into the vector at dst (kv_codec_units ·
  * kv_unit_bytes bytes): writes that unit's bytes only, reads that unit's elements only. */
 static inline KV_HD void kv_encode_unit(uint8_t *dst, int ty, const float *x, int G, int u) {

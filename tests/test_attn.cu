@@ -56,8 +56,8 @@ static void test_codec_twins(void) {
                 if (memcmp(a, b, (size_t)hd * sizeof(float))) bad_dec++;
             }
         }
-    CHECK(bad_enc == 0, "kernel encoder == kv_encode byte for byte: %d vectors, 5 types, head_dim 2..128 (%d differ%s%s)",
-          cases, bad_enc, *first ? ", first " : "", first);
+    CHECK(bad_enc == 0, "kernel encoder == kv_encode byte for byte: %d vectors, %d types, head_dim 2..128 (%d differ%s%s)",
+          cases, (int)KV_NTYPES, bad_enc, *first ? ", first " : "", first);
     CHECK(bad_dec == 0, "kernel decoder == kv_decode bit for bit: %d vectors (%d differ)", cases, bad_dec);
 }
 

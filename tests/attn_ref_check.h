@@ -10,6 +10,7 @@
 #ifndef KVLAB_ATTN_REF_CHECK_H
 #define KVLAB_ATTN_REF_CHECK_H
 #include "kv.h"
+#include "tests/test_kv_util.h"   /* tchan_key */
 
 #include <math.h>
 #include <stdio.h>
@@ -79,26 +80,6 @@ static void ref_answer_free(RefAnswer *a) {
     free(a->n); free(a->out); free(a->prob); free(a->tol_out); free(a->tol_prob); free(a->A);
 }
 
-/* A key of a per-channel band (kgroup=channel, kv.h) decoded from the cache's bytes by the layout kv.c documents:
- * band b's key region holds the rows' codes (band_kb bytes each), then from the next 16-byte boundary each group's
- * head_dim f16 scales and head_dim f16 minimums, then from the next boundary the open group's f32 keys (row r at
- * r mod G); code e of a row at bits bits·(e mod (8/bits)) of byte e·bits/8; x_e = d_e·q_e + m_e in f32. */
-static inline void ref_chan_key(const KVCache *c, const KVLane *ln, int b, int slot, float *x) {
-    int hd = c->shape.head_dim, G = c->kgroup, S = ln->band_slots[b], r = slot - ln->band_first[b], j = r / G;
-    int bits = c->band_ktype[b] == KV_Q8 ? 8 : c->band_ktype[b] == KV_Q4 ? 4 : 2, per = 8 / bits;
-    size_t kb = c->band_kb[b], hdr = ((size_t)S * kb + 15) / 16 * 16, groups = (size_t)(S + G - 1) / G;
-    size_t open = hdr + (groups * 4 * hd + 15) / 16 * 16;
-    const uint8_t *base = ln->k[b];
-    if (ln->kopen[b] == j) { memcpy(x, base + open + (size_t)(r % G) * hd * 4, (size_t)hd * 4); return; }
-    const uint8_t *h = base + hdr + (size_t)j * 4 * hd, *q = base + (size_t)r * kb;
-    for (int e = 0; e < hd; e++) {
-        float d = kv_f16_to_f32((uint16_t)(h[2 * e] | h[2 * e + 1] << 8));
-        float m = kv_f16_to_f32((uint16_t)(h[2 * hd + 2 * e] | h[2 * hd + 2 * e + 1] << 8));
-        int code = (q[e / per] >> (bits * (e % per))) & ((1 << bits) - 1);
-        x[e] = d * (float)code + m;
-    }
-}
-
 /* The stored vector of the lane's i-th live slot, decoded to f32 without RoPE (x: head_dim): read from the cache's
  * bytes here rather than through kv.c's readers, so the bound does not lean on the code it checks. */
 static void ref_stored(const KVCache *c, const KVLane *ln, int i, int value, float *x) {
@@ -106,7 +87,7 @@ static void ref_stored(const KVCache *c, const KVLane *ln, int i, int value, flo
     while (slot < ln->band_first[b]) b++;   /* the band holding the slot: bands own descending ranges of slot ids */
     size_t row = (size_t)(slot - ln->band_first[b]);
     if (value) kv_decode(x, c->band_vtype[b], ln->v[b] + row * c->band_vb[b], hd);
-    else if (c->band_kchan[b]) ref_chan_key(c, ln, b, slot, x);
+    else if (c->band_kchan[b]) tchan_key(c, ln, b, slot, x);   /* kgroup=channel: tests/test_kv_util.h */
     else kv_decode(x, c->band_ktype[b], ln->k[b] + row * c->band_kb[b], hd);
 }
 

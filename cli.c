@@ -103,7 +103,7 @@ void usage(FILE *f) {
     fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
                "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4|q2, residual=R, prec=T:N/.../T, pos=orig|cache, "
-               "agg=mean|max, fast=BYTES|P%%, prefetch=0|1\n"
+               "agg=mean|max, fast=BYTES|P%%, prefetch=0|1, kgroup=token|channel, kgsize=G\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
 
@@ -135,6 +135,8 @@ void usage_policies(FILE *f) {
     fprintf(f, "\nkeys every policy takes:\n"
                "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4, q2\n"
                "  residual=R                the R newest tokens of a lane kept in f32 (KIVI's residual), default 0\n"
+               "  kgroup=token|channel      quantized keys (q8, q4, q2) per token (default) or per channel over groups\n"
+               "                            of kgsize=G tokens (default 32), the newest partial group in f32 (KIVI)\n"
                "  prec=T:N/T:N/.../T        precision by age, newest first: prec=f32:64/q8:512/q4 keeps a lane's 64\n"
                "                            newest tokens in f32, the next 512 in q8, the rest in q4 (instead of type=\n"
                "                            and residual=; residual=R with type=T is prec=f32:R/T); at most 4 bands,\n"

@@ -91,11 +91,10 @@ static inline float tnorm(void) { return (trng_unif() + trng_unif() + trng_unif(
  * vectorizes with fused multiply-adds (vfmaddsub, even under -ffp-contract=off) in its vector body but not in its tail,
  * so a rotated key may differ from the kernels' (separately rounded) rotation by an f32 rounding, which a storage type
  * can turn into one step of that type: key_tol is that step relative to the vector's largest element (f16 2^-10,
- * bf16 2^-7, q8 1/127 of a group's max, q4 1/15 and q2 1/3 of a group's range <= 2 max; f32 a few ulps). The attention bounds
- * under pos=orig follow: measured worst (CPU twin, this grid) f16 5.6e-5 / 1.2e-5, bf16 5.8e-5 / 8.8e-6, q8 1.3e-4 /
- * 2.1e-5, q4 7.4e-5 / 7.9e-6, q2 3.5e-6 / 1.2e-7 (output relative / probability absolute); the bounds allow about
- * 10x. Under pos=cache
- * keys are stored unrotated and every byte must match. */
+ * bf16 2^-7, q8 1/127 of a group's max, q4 1/15 and q2 1/3 of a group's range <= 2 max; f32 a few ulps). The
+ * attention bounds under pos=orig follow: measured worst (CPU twin, this grid) f16 5.6e-5 / 1.2e-5, bf16 5.8e-5 /
+ * 8.8e-6, q8 1.3e-4 / 2.1e-5, q4 7.4e-5 / 7.9e-6, q2 3.5e-6 / 1.2e-7 (output relative / probability absolute); the
+ * bounds allow about 10x. Under pos=cache keys are stored unrotated and every byte must match. */
 typedef struct { const char *name, *opts; double key_tol, orig_out, orig_prob; } TypeCase;
 static const TypeCase TYPES[] = {
     {"f32", "type=f32", 1e-6, 3e-5, 5e-7},

@@ -456,7 +456,8 @@ size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps 
         vb[b] = kv_vector_bytes(vt[b], s->head_dim);
     }
     size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
-    size_t lane = lane_alloc_bytes(nb, want, kb, vb, chan, G, s->head_dim, slots, slot_meta_bytes(pol, ops && ops->merge));
+    size_t lane = lane_alloc_bytes(nb, want, kb, vb, chan, G, s->head_dim, slots,
+                                   slot_meta_bytes(pol, ops && ops->merge));
     return (size_t)s->n_layers * s->n_kv_heads * lane;
 }
 
@@ -566,9 +567,11 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
         first -= slots[b];
         if (base) { ln->band_first[b] = first; ln->band_slots[b] = slots[b]; }
         CARVE(ln->free[b], int *, (size_t)slots[b] * sizeof(int));
-        CARVE(ln->k[b], uint8_t *, c->band_kchan[b] && slots[b]
-              ? chan_open_off(c->band_kb[b], slots[b], c->kgroup, hd) + (size_t)chan_open_rows(slots[b], c->kgroup) * hd * 4
-              : (size_t)slots[b] * c->band_kb[b]);
+        size_t kbytes = (size_t)slots[b] * c->band_kb[b];   /* per channel: codes, headers, the open buffer */
+        if (c->band_kchan[b] && slots[b])
+            kbytes = chan_open_off(c->band_kb[b], slots[b], c->kgroup, hd)
+                     + (size_t)chan_open_rows(slots[b], c->kgroup) * hd * sizeof(float);
+        CARVE(ln->k[b], uint8_t *, kbytes);
         CARVE(ln->v[b], uint8_t *, (size_t)slots[b] * c->band_vb[b]);
     }
 #undef CARVE
@@ -939,7 +942,10 @@ static void chan_quantize(KVCache *c, KVLane *ln, int b, int j, const float *src
     for (int e = 0; e < hd; e++) {
         float mn = INFINITY, mx = -INFINITY;
         for (int i = 0; i < rows; i++)
-            if (ln->pos[s0 + i] >= 0) { mn = fminf(mn, src[(size_t)i * hd + e]); mx = fmaxf(mx, src[(size_t)i * hd + e]); }
+            if (ln->pos[s0 + i] >= 0) {
+                mn = fminf(mn, src[(size_t)i * hd + e]);
+                mx = fmaxf(mx, src[(size_t)i * hd + e]);
+            }
         if (mn > mx) return;   /* no live row: nothing to code */
         uint16_t mh, dh;
         kv_minscale(mn, mx, qmax, &mh, &dh);

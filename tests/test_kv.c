@@ -669,7 +669,8 @@ static void test_kgroup_quantization(void) {
                 tchan_key(&c, ln, b, slot, x);
                 if (p >= sealed) { n_exact_bad += memcmp(x, K[p], sizeof x) != 0; continue; }
                 for (int e = 0; e < CHD; e++) {
-                    double tol = chan_bound(&K[p / KG * KG], KG, e, qmaxes[ti], K[p][e]), err = fabs((double)x[e] - K[p][e]);
+                    double tol = chan_bound(&K[p / KG * KG], KG, e, qmaxes[ti], K[p][e]);
+                    double err = fabs((double)x[e] - K[p][e]);
                     inexact += x[e] != K[p][e];
                     if (!(err <= tol)) n_over++;
                     if (!(err / tol <= worst)) worst = err / tol;
@@ -725,7 +726,11 @@ static void test_kgroup_eviction(void) {
         int outside = t == 32, victim = t - 8, vs = slot_of(ln, victim), j = (vs - ln->band_first[0]) / 4;
         int mates[3], nm = 0;
         for (int r = j * 4; r < j * 4 + 4; r++)
-            if (ln->band_first[0] + r != vs) { mates[nm] = ln->band_first[0] + r; tchan_key(&c, ln, 0, mates[nm], before[nm]); nm++; }
+            if (ln->band_first[0] + r != vs) {
+                mates[nm] = ln->band_first[0] + r;
+                tchan_key(&c, ln, 0, mates[nm], before[nm]);
+                nm++;
+            }
         for (int e = 0; e < CHD; e++) { k[e] = outside ? 50.0f : 0.9f * (2 * trng_unif() - 1); v[e] = trng_normal(); }
         kv_append(&c, 0, t, k, v);
         int ns = slot_of(ln, t);

@@ -633,6 +633,11 @@ static int geo_of(Geo *g, const KVCache *c, char *err, size_t errlen) {
                  c->spec.text);
         return -1;
     }
+    if (c->kgroup) {
+        snprintf(err, errlen, "'%s' is not on the CUDA path yet: the mirror stores keys per token, not per channel "
+                 "(kgroup=channel); run it with -d cpu", c->spec.text);
+        return -1;
+    }
     if (!g->tps || g->hd > 512) {
         snprintf(err, errlen, "head_dim %d is not one the CUDA kernels take (even, at most 16 elements per thread "
                  "with up to 32 threads per vector)", g->hd);

@@ -46,6 +46,31 @@
  * must not remember slot ids across steps: they see ranks, and keep per-slot state in `meta`, which moves with the
  * token.
  *
+ * Keys per channel (kgroup=channel, kgsize=G; KIVI, Liu et al. 2024, arXiv:2402.02750, §3.2-3.3: keys quantized per
+ * channel over groups of G tokens, values per token). In a band whose keys are quantized (q8, q4, q2), the band's
+ * slot rows are cut into GROUPS of G consecutive rows (the last one shorter when the band is). A group is EMPTY, OPEN
+ * or SEALED; a band has at most one open group, whose keys are held in f32 (KIVI's full-precision residual of the
+ * newest partial group) in a buffer of min(G, band slots) keys beside the band. A key entering the band goes to a free
+ * row of the open group, else to a row of an empty group (which opens), else to a free row of a sealed group (below).
+ * When every row of the open group holds a key, the group is SEALED: for each of the head_dim channels an f16 scale d
+ * and f16 minimum m over its G keys (kv_minscale: m rounded down, d up, so none is clipped), and each key stored as
+ * head_dim codes of 8, 4 or 2 bits, x = d·q + m, error at most the channel's d/2. Values stay per token in the band's
+ * value type. The newest tokens of a lane are thus held in f32 twice over with residual=R: the R of band 0, then up to
+ * G-1 in the open group of band 1 (KIVI's residual counts both).
+ * Eviction inside a sealed group frees the slot at once: the other keys keep their bits (their group's scales and
+ * minimums still decode them) and the freed row may take a later key. That key is coded with the group's scales when
+ * it lies within every channel's range [m, m + qmax·d] (error at most d/2, as the others); otherwise the group is
+ * re-quantized: its live keys decoded, the new one added, scales and minimums recomputed over them, all re-encoded (the
+ * old keys then carry their first rounding plus at most the new d/2). We chose this over the two alternatives: masking
+ * the freed slot until its group empties would leave a full lane no slot for the new token after its policy evicted
+ * (the budget would no longer be the slots a lane holds), and re-quantizing at every eviction would round every other
+ * key of the group again for nothing. kgroup=channel applies to the keys of every quantized band (prec= bands
+ * included: a key recoded from one band to the next is decoded and enters the next band's open group); f32, f16 and
+ * bf16 keys stay per token. It is refused with merging and selection policies and with memory tiers (fast=), and the
+ * CUDA mirror does not take it. Bytes: each slot's codes and its value, each group's scales and minimums (4·head_dim)
+ * and the open buffer are allocated; live are the sealed keys' codes, the headers of non-empty sealed groups and the
+ * open group's f32 keys (4·head_dim each), and a step reads what is live.
+ *
  * Merging (pool): the merged slot's key and value are the mean of the run's decoded f32 vectors (keys as stored:
  * rotated under pos=orig, so the merged score is the mean of the tokens' scores, the dot product being linear;
  * pre-RoPE under pos=cache, rotated later by the slot's one rank, which loses the tokens' offsets within the run),
@@ -75,11 +100,11 @@
  * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_NTYPES } KVType;
+typedef enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_Q2, KV_NTYPES } KVType;
 typedef enum { POS_ORIG = 0, POS_CACHE } PosMode;
 typedef enum { AGG_MEAN = 0, AGG_MAX } AggMode;
 
-extern const char *const kv_type_names[KV_NTYPES];   /* "f32", "f16", "bf16", "q8", "q4" */
+extern const char *const kv_type_names[KV_NTYPES];   /* "f32", "f16", "bf16", "q8", "q4", "q2" */
 
 /* The model's attention geometry, as the cache needs it. */
 typedef struct {
@@ -101,6 +126,9 @@ typedef struct {
  * the same form are one band. ("Tier" is kept for memory tiers, fast and slow memory, which bands are not.) */
 #define KV_MAX_PREC 4                     /* bands one prec=, kprec= or vprec= may give */
 #define KV_MAX_BANDS (2 * KV_MAX_PREC)    /* bands of a lane: kprec= and vprec= boundaries together (at most 7) */
+/* kgroup=channel's tokens per key group: the default (KIVI's G = 32) and the largest kgsize= */
+#define KV_KGSIZE_DEFAULT 32
+#define KV_KGSIZE_MAX 4096
 
 /* A parsed -kv spec: NAME[:BUDGET][,key=value...]. The keys every policy takes are parsed into fields here; the
  * rest stay as strings for the policy to read (kv_spec_get). */
@@ -127,6 +155,9 @@ typedef struct {
     double fast_frac;         /* fast=P%: the fast tier as a share of the cache's allocated vector bytes; 0 = none */
     char fast_text[24];       /* fast='s value as given, for messages */
     int prefetch;             /* prefetch=1: move what the next layer's predicted query reads ahead (kv_prefetch) */
+    int kgroup_channel;       /* kgroup=channel: quantized keys per channel over groups of kgsize tokens (above); 0:
+                                 kgroup=token, the default (per token, groups of elements as the type's layout says) */
+    int kgsize;               /* kgsize=G: tokens per key group with kgroup=channel; 0 = not given (32) */
     char text[256];           /* the spec as given, for reports */
 } KVSpec;
 
@@ -161,6 +192,7 @@ typedef struct {
     float *mw;             /* (cap) merge=1 (merge-on-evict): each slot's accumulated attention, the group-mean
                               probabilities summed over the steps it was seen (a merged slot's: its tokens' sum), zeroed
                               when a token is stored; NULL without merge=1 */
+    int kopen[KV_MAX_BANDS];        /* kgroup=channel: the band's open key group (index of G rows), or -1 */
     uint8_t *meta;         /* (cap, meta_bytes) policy metadata of each slot, zeroed when a token is stored. It lives
                               beside the vectors, not with them: the policy owns it and may write it through a
                               const KVLane (kv_rank_meta) */
@@ -313,7 +345,8 @@ typedef struct {
     size_t total_alloc, total_live;
     size_t peak_live;               /* the most total_live ever reached since init or reset */
     size_t formula_alloc;           /* 2 · n_layers · n_kv_heads · head_dim · slots · bytes per element (f32 = 4,
-                                       f16/bf16 = 2, q8 = 1, q4 = 0.5, k and v types apart, residual ignored): the
+                                       f16/bf16 = 2, q8 = 1, q4 = 0.5, q2 = 0.25, k and v types apart, residual
+                                       ignored): the
                                        vector part people quote */
 } KVBytes;
 
@@ -377,7 +410,11 @@ struct KVCache {
                                 or -c for full, snapkv and selection */
     int n_bands;             /* precision bands (1: none) */
     KVType band_ktype[KV_MAX_BANDS], band_vtype[KV_MAX_BANDS];
-    size_t band_kb[KV_MAX_BANDS], band_vb[KV_MAX_BANDS];   /* bytes of one key / value vector in each band */
+    size_t band_kb[KV_MAX_BANDS], band_vb[KV_MAX_BANDS];   /* bytes of one key / value vector in each band (a
+                                                              per-channel band: one key's codes) */
+    int band_kchan[KV_MAX_BANDS];  /* 1: the band's keys are per channel (kgroup=channel and a quantized key type) */
+    int kgroup;              /* G, tokens per key group of a per-channel band; 0: no band is per channel */
+    float *kgbuf;            /* (kgroup, head_dim) scratch of a group's keys while it is (re-)quantized */
     int band_want[KV_MAX_BANDS];   /* slots each band asks for (prec=, residual=), the last 0: the rest */
     int residual;            /* slots of band 0 when there are two bands and band 0 is f32 (residual=R), else 0: what
                                 the CUDA mirror takes */
@@ -475,7 +512,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * kv_attend_chunk in every build, attn.cu's kernels and their CPU twin: tests/test_attn_ref.c, tests/test_attn.cu).
  * q (n_heads * head_dim, before RoPE) is the token at position t, stored by kv_append(c, l, t, ...) just before; for
  * each query head h, with lane (l, h / (n_heads / n_kv_heads)) holding n live slots k_i, v_i in rank (position) order:
- *   keys    the f32 key as stored: an f32 band as is, f16/bf16/q8/q4 decoded (kv_decode); under pos=orig
+ *   keys    the f32 key as stored: an f32 band as is, f16/bf16/q8/q4/q2 decoded (kv_decode); under pos=orig
  *           it was rotated by its position when stored, under pos=cache it is rotated now by its rank i (StreamingLLM,
  *           Xiao et al. 2023, §3.2), and the query by t (pos=orig) or by n-1 (pos=cache) (RoPE: Su et al. 2021);
  *   scores  s_i = (q·k_i)/√head_dim (scaled dot-product attention, Vaswani et al. 2017, eq. 1), f32;

@@ -37,7 +37,7 @@ CFLAGS  += $(CUDA_DEF)
 
 # The engine's objects, shared by ./run and the tests; main lives in main.c (./run) and export_main.c (./export), so
 # tests link everything else. tools/deps.sh prints which object uses which.
-ENGINE  := util model matmul run kv kv_tier attn_cpu policies tokenizer eval cli export
+ENGINE  := util model matmul run kv kv_tier lowrank attn_cpu policies tokenizer eval cli export
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
 LIB_O   := $(ENGINE_O) $(CUDA_O)
 LDLIBS  += $(CUDA_LIBS)
@@ -75,10 +75,10 @@ $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 $(TESTBIN)/kv_dump: tests/kv_dump.c $(LIB_O) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
 PORTABLE := -mno-avx -mno-avx2 -mno-fma -mno-f16c
-$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c kv_tier.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
-	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c kv_tier.c attn_cpu.c policies.c util.c -lm
-$(TESTBIN)/attn_ref_portable: tests/test_attn_ref.c tests/attn_ref_check.h kv.c kv_tier.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
-	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c kv_tier.c attn_cpu.c policies.c util.c -lm
+$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c -lm
+$(TESTBIN)/attn_ref_portable: tests/test_attn_ref.c tests/attn_ref_check.h kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c -lm
 $(TESTBIN)/test_attn_ref: tests/attn_ref_check.h
 $(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h tests/attn_ref_check.h | $(TESTBIN)
 	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<

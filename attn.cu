@@ -626,10 +626,12 @@ static int geo_of(Geo *g, const KVCache *c, char *err, size_t errlen) {
                  "merged keys and values, which the mirror is not told; run it with -d cpu", c->spec.text);
         return -1;
     }
-    if (c->n_bands > 2 || (c->n_bands == 2 && !c->residual) || ops->merge || ops->select || ragged || c->tiers) {
+    if (c->n_bands > 2 || (c->n_bands == 2 && !c->residual) || ops->merge || ops->select || ragged || c->tiers
+        || c->krank || c->vrank) {
         snprintf(err, errlen, "'%s' is not on the CUDA path yet: the mirror takes one precision band or an f32 "
-                 "residual over one type, eviction-family policies, equal lanes and one memory tier (no prec= beyond "
-                 "that, no merging or selection policy, no ragged budgets, no fast=); run it with -d cpu",
+                 "residual over one type, eviction-family policies, equal lanes, one memory tier and full rank (no "
+                 "prec= beyond that, no merging or selection policy, no ragged budgets, no fast=, no rank=); run it "
+                 "with -d cpu",
                  c->spec.text);
         return -1;
     }

@@ -62,7 +62,8 @@ static const FlagDef FLAGS[] = {
                                     "skip it"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
     {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
-    {"-v", NULL, M_GEN | M_CHAT, "each prompt's token ids, and per-layer memory and policy detail"},
+    {"-v", NULL, M_GEN | M_CHAT | M_PPL, "each prompt's token ids, and per-layer memory and policy detail; ppl: "
+                                          "each low-rank cache's spectrum (energy at rank 8, 16, 32 per layer)"},
     {"-h", NULL, M_ALL, "help: -h (this), -h policies (every method, its keys and paper), -h flags (README's table)"},
 };
 #define N_FLAGS (int)(sizeof FLAGS / sizeof *FLAGS)
@@ -104,8 +105,8 @@ void usage(FILE *f) {
     fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
                "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4|q2, residual=R, prec|kprec|vprec=T:N/.../T, "
-               "pos=orig|cache, agg=mean|max, fast=BYTES|P%%, prefetch=0|1, kgroup=token|channel, kgsize=G; of every "
-               "eviction policy: merge=0|1\n"
+               "pos=orig|cache, agg=mean|max, fast=BYTES|P%%, prefetch=0|1, kgroup=token|channel, kgsize=G, "
+               "rank|krank|vrank=R, calib=N; of every eviction policy: merge=0|1\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
 
@@ -153,6 +154,10 @@ void usage_policies(FILE *f) {
                "                            read leave first (split evenly over the lanes); moves and hits reported\n"
                "  prefetch=0|1              with fast=: move what the next layer's predicted query reads ahead\n"
                "                            (InfiniGen), default 0\n"
+               "  rank=R, krank=R, vrank=R  low rank: per lane, keys (pre-RoPE) and values as R coefficients on a basis\n"
+               "                            fitted (Jacobi eigenvectors of their second moment) on the first calib\n"
+               "                            tokens, full rank until then; rank= both, krank=/vrank= apart; R <= head_dim\n"
+               "  calib=N                   with a rank: the tokens the basis is fitted on, default 512 (clipped to -c)\n"
                "\nkeys every eviction policy takes (");
     for (int i = 0, n = 0; kv_policy_at(i); i++)   /* those kv.c takes merge=1 on (spec_merge) */
         if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge && !kv_policy_at(i)->calib_full) fprintf(f, "%s%s", n++ ? ", " : "", kv_policy_at(i)->name);

@@ -541,6 +541,49 @@ static void json_recall_lanes(Line *l, const PolicyRun *r, int n_lanes) {
         line_printf(l, "%s%.17g", i ? "," : "", r->recall_n ? r->recall_lane[i] / r->recall_n : 0);
 }
 
+/* The spectrum of a low-rank cache's calibration span (kv_lowrank_spectrum) at ranks 8, 16, 32, per layer: into the
+ * -o record (ln) as "spectrum":{...}, or with ln NULL as a table on stderr (-v), with the resident bytes now beside the
+ * peak (which holds the full-rank staging until the fit). Nothing for a full-rank cache. */
+static const int SPECTRUM_RANKS[3] = {8, 16, 32};
+static void lowrank_spectrum_report(const PolicyRun *r, Line *ln) {
+    const KVCache *c = &r->cache;
+    int L = c->shape.n_layers;
+    if (!(c->krank || c->vrank)) return;
+    double sh[9];
+    static const char *const rows[3] = {"pre_rope_k", "post_rope_k", "v"};
+    if (ln) {
+        line_printf(ln, "\"spectrum\":{\"ranks\":[8,16,32],\"tokens\":%d", kv_lowrank_spectrum(c, 0, SPECTRUM_RANKS, 3, sh));
+        for (int m = 0; m < 3; m++) {
+            line_printf(ln, ",\"%s\":[", rows[m]);
+            for (int l = 0; l < L; l++) {
+                kv_lowrank_spectrum(c, l, SPECTRUM_RANKS, 3, sh);
+                line_printf(ln, "%s[%.6f,%.6f,%.6f]", l ? "," : "", sh[m * 3], sh[m * 3 + 1], sh[m * 3 + 2]);
+            }
+            line_printf(ln, "]");
+        }
+        line_printf(ln, "},\"kv_alloc_bytes_end\":%zu,", kv_bytes(c).total_alloc);
+        return;
+    }
+    KVBytes b = kv_bytes(c);
+    fprintf(stderr, "\n%s: low rank (krank %d, vrank %d), resident now %.2f MiB (bases %.3f MiB, staging %.2f MiB), "
+            "peak %.2f MiB\n  energy share of the top r eigenvalues over the calibration span of %d tokens, mean of "
+            "the kv heads:\n  %5s  %-24s %-24s %-24s\n  %5s  %7s %7s %7s  %7s %7s %7s  %7s %7s %7s\n",
+            c->spec.text, c->krank, c->vrank, b.total_alloc / 1048576.0, b.basis_bytes / 1048576.0,
+            b.stage_bytes / 1048576.0, r->peak.total_alloc / 1048576.0, kv_lowrank_spectrum(c, 0, SPECTRUM_RANKS, 3, sh),
+            "", "keys before RoPE", "keys after RoPE", "values", "layer", "r=8", "r=16", "r=32", "r=8", "r=16", "r=32",
+            "r=8", "r=16", "r=32");
+    double mean[9] = {0};
+    for (int l = 0; l < L; l++) {
+        kv_lowrank_spectrum(c, l, SPECTRUM_RANKS, 3, sh);
+        fprintf(stderr, "  %5d ", l);
+        for (int e = 0; e < 9; e++) { fprintf(stderr, " %7.4f%s", sh[e], e % 3 == 2 ? " " : ""); mean[e] += sh[e] / L; }
+        fprintf(stderr, "\n");
+    }
+    fprintf(stderr, "  %5s ", "mean");
+    for (int e = 0; e < 9; e++) fprintf(stderr, " %7.4f%s", mean[e], e % 3 == 2 ? " " : "");
+    fprintf(stderr, "\n");
+}
+
 static void note_bytes(PolicyRun *r) {
     KVBytes b = kv_bytes(&r->cache);
     if (b.total_alloc > r->peak.total_alloc) r->peak.total_alloc = b.total_alloc;
@@ -873,6 +916,7 @@ int run_ppl(Model *m, const Options *o) {
             KVTierFigures x = tier_figures(&r->cache, NULL, r->cache.steps_read, cs, o->link_gbs);
             tier_json(&ln, &r->cache, &x, cs, o->link_gbs);
         }
+        lowrank_spectrum_report(r, &ln);
         line_printf(&ln, "\"keys_scanned_per_query\":%.4f,\"slots_read_per_query\":%.4f,",
                     per_query(&r->cache, r->cache.keys_scanned), per_query(&r->cache, r->cache.slots_read));
         line_printf(&ln, "\"kv_alloc_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_formula_bytes\":%zu,"
@@ -908,6 +952,8 @@ int run_ppl(Model *m, const Options *o) {
             KVTierFigures x = tier_figures(c, NULL, c->steps_read, cs, o->link_gbs);
             tier_print(stderr, c, &x, cs);
         }
+    if (o->verbose)
+        for (int k = 0; k < n_runs; k++) lowrank_spectrum_report(&runs[k], NULL);
     fprintf(stderr, "ppl: %.1f s, %.1f tok/s per policy run, peak RSS %.1f MiB\n", secs,
             secs > 0 ? (double)done * n_runs / secs : 0, peak_rss_kib() / 1024.0);
     if (partial && chunked)

@@ -13,6 +13,7 @@
 #include "kv.h"
 #include "kv_codec.h"
 #include "kv_impl.h"
+#include "lowrank.h"
 #include "util.h"
 
 #include <errno.h>
@@ -154,7 +155,8 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
 }
 
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4, q2"
-#define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch, kgroup, kgsize"
+#define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch, kgroup, kgsize, rank, " \
+                    "krank, vrank, calib"
 
 /* fast=BYTES ("64MiB", "512KiB", "4096B", "4096") or fast=P% (0 < P <= 100, of the cache's vector bytes). 0, or -1. */
 static int parse_fast(KVSpec *sp, const char *val) {
@@ -173,6 +175,32 @@ static int parse_fast(KVSpec *sp, const char *val) {
     if (parse_budget(val, &tokens, &bytes)) return -1;
     sp->fast_bytes = tokens ? (size_t)tokens : bytes;   /* a plain number is bytes here */
     return sp->fast_bytes ? 0 : -1;
+}
+
+/* rank=R (keys and values), krank=R, vrank=R, calib=N (low rank). *seen: bits 1 krank, 2 vrank, 4 rank, 8 calib.
+ * The rank's upper bound, head_dim, is checked by kv_cache_init (it needs the shape). 0, or -1 + message. */
+static int parse_lowrank(KVSpec *sp, const char *key, const char *val, const char *text, int *seen, char *err,
+                         size_t errlen) {
+    int bit = !strcmp(key, "krank") ? 1 : !strcmp(key, "vrank") ? 2 : !strcmp(key, "rank") ? 4 : 8;
+    char *end;
+    long x = strtol(val, &end, 10);
+    if (*seen & bit) return errorf(err, errlen, "option '%s' given twice in '%s'", key, text);
+    if (bit == 8) {
+        if (end == val || *end || x < 1 || x > 1 << 24)
+            return errorf(err, errlen, "bad calib=%s in '%s': the tokens the low-rank basis is fitted on, in [1, %d]",
+                          val, text, 1 << 24);
+        sp->calib = (int)x;
+    } else {
+        if (end == val || *end || x < 1 || x > 4096)
+            return errorf(err, errlen, "bad %s=%s in '%s': a rank, the coefficients kept per vector, in [1, head_dim]",
+                          key, val, text);
+        if ((bit == 4 && (*seen & 3)) || (bit != 4 && (*seen & 4)))
+            return errorf(err, errlen, "'%s' conflicts with rank= in '%s': give rank= or krank=/vrank=", key, text);
+        if (bit != 2) sp->krank = (int)x;
+        if (bit != 1) sp->vrank = (int)x;
+    }
+    *seen |= bit;
+    return 0;
 }
 
 /* prec=T0:N0/T1:N1/.../TL (key "prec", "kprec" or "vprec"): the precision bands, newest first; every band but the
@@ -256,7 +284,7 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
     /* each common key once; type= and ktype=/vtype= exclude each other in either order, and prec= (kprec=,
      * vprec=) excludes the keys that give the same kind's types */
     int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0, seen_prec = 0, seen_fast = 0,
-        seen_prefetch = 0, seen_kgroup = 0, seen_kgsize = 0;
+        seen_prefetch = 0, seen_kgroup = 0, seen_kgsize = 0, seen_rank = 0;
     /* seen_kv, seen_prec: bit 1 keys (ktype=, kprec=), 2 values (vtype=, vprec=), 4 both */
     while ((part = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(part, '=');
@@ -331,6 +359,8 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
                               text, KV_KGSIZE_MAX);
             sp->kgsize = (int)g;
             seen = &seen_kgsize;
+        } else if (!strcmp(key, "rank") || !strcmp(key, "krank") || !strcmp(key, "vrank") || !strcmp(key, "calib")) {
+            if (parse_lowrank(sp, key, val, text, &seen_rank, err, errlen)) return -1;
         } else if (!strcmp(key, "agg")) {
             if (!strcmp(val, "mean")) sp->agg = AGG_MEAN;
             else if (!strcmp(val, "max")) sp->agg = AGG_MAX;
@@ -354,6 +384,9 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
     if (seen_kgsize && !sp->kgroup_channel)
         return errorf(err, errlen, "kgsize= in '%s' sets the tokens of a per-channel key group: it needs "
                       "kgroup=channel", text);
+    if (seen_rank == 8)
+        return errorf(err, errlen, "calib= in '%s' sets the span a low-rank basis is fitted on: give rank=, krank= or "
+                      "vrank= with it", text);
     return 0;
 }
 
@@ -479,12 +512,29 @@ static size_t band_key_bytes(KVType ty, int chan, int hd) {
     return chan ? (size_t)kv_chan_code_bytes(kv_type_bits(ty), hd) : kv_vector_bytes(ty, hd);
 }
 
-/* Allocated bytes of one lane of cap slots; chan[b]: band b's keys are per channel, in groups of G tokens. */
+/* Low rank. The calibration span, tokens: calib= or KV_CALIB_DEFAULT, clipped to the context (-c), which full's
+ * lanes stop at. A lane's staging rows: min(cap, span) (before its fit a lane holds at most that many tokens). */
+#define KV_CALIB_DEFAULT 512
+static int spec_calib(const KVShape *s, const KVSpec *sp) {
+    int n = sp->calib ? sp->calib : KV_CALIB_DEFAULT;
+    return n < s->seq_len ? n : s->seq_len;
+}
+static int stage_rows(int cap, int calib) { return cap < calib ? cap : calib; }
+/* Bytes of a low-rank lane beyond its slots: its bases (krank + vrank rows of head_dim f32), and the staging that
+ * holds full-rank keys (krank) and values (vrank) in the band's types until the fit. */
+static size_t lowrank_basis_bytes(const KVSpec *sp, int hd) { return (size_t)(sp->krank + sp->vrank) * hd * sizeof(float); }
+static size_t lowrank_stage_bytes(const KVShape *s, const KVSpec *sp, KVType kt, KVType vt, int cap) {
+    size_t row = (sp->krank ? kv_vector_bytes(kt, s->head_dim) : 0) + (sp->vrank ? kv_vector_bytes(vt, s->head_dim) : 0);
+    return (size_t)stage_rows(cap, spec_calib(s, sp)) * row;
+}
+
+/* Allocated bytes of one lane of cap slots; chan[b]: band b's keys are per channel, in groups of G tokens; extra: its
+ * low-rank bases and staging. */
 static size_t lane_alloc_bytes(int n_bands, const int *want, const size_t *kb, const size_t *vb, const int *chan, int G,
-                               int hd, int cap, size_t slot_meta) {
+                               int hd, int cap, size_t slot_meta, size_t extra) {
     int slots[KV_MAX_BANDS];
     band_sizes(n_bands, want, cap, slots);
-    size_t bytes = (size_t)cap * slot_meta;
+    size_t bytes = (size_t)cap * slot_meta + extra;
     for (int b = 0; b < n_bands; b++) {
         bytes += (size_t)slots[b] * (kb[b] + vb[b]);
         if (chan[b] && slots[b]) bytes += chan_extra_bytes(slots[b], G, hd);
@@ -502,18 +552,30 @@ size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps 
     KVType kt[KV_MAX_BANDS], vt[KV_MAX_BANDS];
     size_t kb[KV_MAX_BANDS], vb[KV_MAX_BANDS];
     int nb = spec_bands(sp, kt, vt, want);
+    int kn = sp->krank ? sp->krank : s->head_dim, vn = sp->vrank ? sp->vrank : s->head_dim;   /* stored elements */
     for (int b = 0; b < nb; b++) {
         chan[b] = G && kv_type_bits(kt[b]);
-        kb[b] = band_key_bytes(kt[b], chan[b], s->head_dim);
-        vb[b] = kv_vector_bytes(vt[b], s->head_dim);
+        kb[b] = chan[b] ? band_key_bytes(kt[b], 1, s->head_dim) : kv_vector_bytes(kt[b], kn);
+        vb[b] = kv_vector_bytes(vt[b], vn);
     }
     size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
+    size_t extra = sp->krank || sp->vrank
+                   ? lowrank_basis_bytes(sp, s->head_dim) + lowrank_stage_bytes(s, sp, kt[0], vt[0], slots) : 0;
     size_t lane = lane_alloc_bytes(nb, want, kb, vb, chan, G, s->head_dim, slots,
-                                   slot_meta_bytes(pol, ops && ops->merge, spec_merge_value(sp) == 1));
+                                   slot_meta_bytes(pol, ops && ops->merge, spec_merge_value(sp) == 1), extra);
     return (size_t)s->n_layers * s->n_kv_heads * lane;
 }
 
 static size_t band_pair_bytes(const KVCache *c, int b) { return c->band_kb[b] + c->band_vb[b]; }
+/* Bytes of a live key / value of band b of this lane now: a low-rank side's full-rank staging row before the lane's
+ * fit, else the band's (R coefficients after the fit). */
+static size_t lane_kb(const KVCache *c, const KVLane *ln, int b) {
+    return c->krank && !ln->lr_fitted ? c->stage_kb : c->band_kb[b];
+}
+static size_t lane_vb(const KVCache *c, const KVLane *ln, int b) {
+    return c->vrank && !ln->lr_fitted ? c->stage_vb : c->band_vb[b];
+}
+static size_t lane_pair_bytes(const KVCache *c, const KVLane *ln, int b) { return lane_kb(c, ln, b) + lane_vb(c, ln, b); }
 
 /* Rows of group j of band b in lane ln (G, or fewer for a short last group), and how many hold a live token. */
 static int chan_group_rows(const KVCache *c, const KVLane *ln, int b, int j) {
@@ -547,10 +609,15 @@ static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     for (int x = 0; x < c->n_bands; x++) {
         int live = ln->band_slots[x] - ln->n_free[x];
         b.vec_alloc += (size_t)ln->band_slots[x] * band_pair_bytes(c, x);
-        if (!c->band_kchan[x]) { b.vec_live += (size_t)live * band_pair_bytes(c, x); continue; }
+        if (!c->band_kchan[x]) { b.vec_live += (size_t)live * lane_pair_bytes(c, ln, x); continue; }
         if (ln->band_slots[x]) b.vec_alloc += chan_extra_bytes(ln->band_slots[x], c->kgroup, c->shape.head_dim);
         b.vec_live += (size_t)live * c->band_vb[x] + chan_band_live(c, ln, x);
     }
+    /* low rank: the bases, held from init, live once fitted; the staging while the cache holds it */
+    b.basis_bytes = lowrank_basis_bytes(&c->spec, c->shape.head_dim);
+    b.stage_bytes = c->stage ? (size_t)stage_rows(ln->cap, c->calib) * (c->stage_kb + c->stage_vb) : 0;
+    b.vec_alloc += b.basis_bytes + b.stage_bytes;
+    if (ln->lr_fitted) b.vec_live += b.basis_bytes;
     b.meta_alloc = (size_t)ln->cap * meta;
     b.meta_live = (size_t)ln->n_live * meta;
     b.total_alloc = b.vec_alloc + b.meta_alloc;
@@ -570,7 +637,7 @@ KVBytes kv_lane_bytes(const KVCache *c, int l, int g) {
     b.peak_live = (size_t)ln->peak_live * cache_slot_meta(c);
     for (int x = 0; x < c->n_bands; x++) {
         int s = left < ln->band_slots[x] ? left : ln->band_slots[x];
-        b.peak_live += (size_t)s * band_pair_bytes(c, x);
+        b.peak_live += (size_t)s * lane_pair_bytes(c, ln, x);
         if (c->band_kchan[x]) b.peak_live += (size_t)chan_groups(s, c->kgroup) * chan_hdr_bytes(c->shape.head_dim);
         left -= s;
     }
@@ -585,6 +652,7 @@ KVBytes kv_bytes(const KVCache *c) {
         b.vec_alloc += x.vec_alloc; b.vec_live += x.vec_live;
         b.meta_alloc += x.meta_alloc; b.meta_live += x.meta_live;
         b.formula_alloc += x.formula_alloc;
+        b.basis_bytes += x.basis_bytes; b.stage_bytes += x.stage_bytes;
     }
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
@@ -592,10 +660,195 @@ KVBytes kv_bytes(const KVCache *c) {
     return b;
 }
 
-/* Bytes of one live token in band b: its vectors and its per-slot metadata; in a per-channel band its value only, its
- * key being counted with its group (chan_live_bytes). */
-static size_t token_bytes(const KVCache *c, int b) {
-    return (c->band_kchan[b] ? c->band_vb[b] : band_pair_bytes(c, b)) + cache_slot_meta(c);
+/* Bytes of one live token of the lane in band b: its vectors and its per-slot metadata; in a per-channel band its value
+ * only, its key being counted with its group (chan_live_bytes). */
+static size_t token_bytes(const KVCache *c, const KVLane *ln, int b) {
+    return (c->band_kchan[b] ? c->band_vb[b] : lane_pair_bytes(c, ln, b)) + cache_slot_meta(c);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Low rank (rank=, krank=, vrank=; kv.h, "Low rank"). Per lane, bases fitted on the second moments of the first
+ * `calib` tokens; before the fit a lane's vectors sit at full rank in the staging rows, after it each slot holds R
+ * coefficients in the band's type. Keys are projected before RoPE and rotated after reconstruction.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* 0, or -1 + message when a low-rank spec cannot run: a rank over head_dim, q4 over an odd rank (q4 packs two
+ * elements of a group of gcd(R, 32) per byte), several precision bands, a merging policy or memory tiers (a merged,
+ * recoded or tiered slot would need its coefficients re-fitted or re-counted: not built). */
+static int lowrank_check(const KVCache *c, const KVShape *s, const KVSpec *sp, const KVPolicyOps *ops, char *err,
+                         size_t errlen) {
+    for (int side = 0; side < 2; side++) {
+        int r = side ? sp->vrank : sp->krank;
+        KVType ty = side ? c->band_vtype[0] : c->band_ktype[0];
+        const char *key = side ? "vrank" : "krank";
+        if (r > s->head_dim)
+            return errorf(err, errlen, "%s=%d in '%s' is over head_dim %d: a rank is in [1, %d]", key, r, sp->text,
+                          s->head_dim, s->head_dim);
+        if (r && ty == KV_Q4 && kv_group(r) % 2)
+            return errorf(err, errlen, "%s=%d in '%s' with q4: q4 stores groups of gcd(rank, 32) coefficients two per "
+                          "byte, so the rank must be even", key, r, sp->text);
+    }
+    if (c->n_bands > 1)
+        return errorf(err, errlen, "'%s': low rank takes one storage type for its coefficients; not with prec= or "
+                      "residual= (not built yet)", sp->text);
+    if (ops->merge)
+        return errorf(err, errlen, "'%s': low rank does not combine with a merging policy (%s) yet", sp->text,
+                      sp->name);
+    if (spec_merge_value(sp) == 1)
+        return errorf(err, errlen, "'%s': low rank does not combine with merge-on-evict (merge=1) yet", sp->text);
+    if (sp->fast_bytes || sp->fast_frac)
+        return errorf(err, errlen, "'%s': low rank does not combine with memory tiers (fast=) yet", sp->text);
+    return 0;
+}
+
+/* The rotation table by position (c->lr_cs) to cover position t: cos, sin of kv_rope_cs, so a reconstructed key is
+ * rotated with the bits kv_append's rotation by t would use. 0, or -1 when out of memory (the table unchanged). */
+static int lowrank_grow_cs(KVCache *c, int t) {
+    if (t < c->lr_cs_n) return 0;
+    int hd = c->shape.head_dim, n = c->lr_cs_n ? c->lr_cs_n : 1024;
+    while (n <= t) n = n > (1 << 29) ? t + 1 : 2 * n;
+    float *cs = realloc(c->lr_cs, (size_t)n * hd * sizeof(float));
+    if (!cs) return -1;
+    for (int p = c->lr_cs_n; p < n; p++) rope_cs(cs + (size_t)p * hd, &c->shape, p);
+    c->lr_cs = cs;
+    c->lr_cs_n = n;
+    return 0;
+}
+
+/* A slot's staging row: the slot itself when the lane has no more slots than the span, else its position modulo the
+ * span (before the fit a lane holds tokens of at most `calib` consecutive positions, so no two share a row). Key
+ * first, then value. */
+static uint8_t *stage_key(const KVCache *c, const KVLane *ln, int slot) {
+    size_t row = ln->cap <= c->calib ? (size_t)slot : (size_t)ln->pos[slot] % (size_t)c->calib;
+    return c->stage + ln->stage_off + row * (c->stage_kb + c->stage_vb);
+}
+static uint8_t *stage_value(const KVCache *c, const KVLane *ln, int slot) { return stage_key(c, ln, slot) + c->stage_kb; }
+
+/* dst = the r coefficients of x (head_dim) on basis (r, head_dim), c_j = Σ_d basis_jd·x_d summed in double in d order
+ * then rounded to f32, encoded in type ty over r elements. */
+static void lowrank_project(uint8_t *dst, KVType ty, const float *basis, int r, const float *x, int hd) {
+    float co[r];
+    for (int j = 0; j < r; j++) {
+        double acc = 0;
+        for (int d = 0; d < hd; d++) acc += (double)basis[(size_t)j * hd + d] * x[d];
+        co[j] = (float)acc;
+    }
+    kv_encode(dst, ty, co, r);
+}
+
+/* x (head_dim) = Σ_j c_j·basis_j for the r coefficients at src in type ty: f32, each element summed in j order from
+ * 0 (a multiply, then an add), so its bits do not depend on the build. */
+static void lowrank_reconstruct(float *x, const uint8_t *src, KVType ty, const float *basis, int r, int hd) {
+    float co[r];
+    kv_decode(co, ty, src, r);
+    for (int d = 0; d < hd; d++) x[d] = 0;
+    for (int j = 0; j < r; j++)
+        for (int d = 0; d < hd; d++) x[d] += co[j] * basis[(size_t)j * hd + d];
+}
+
+const float *kv_lowrank_key(const KVCache *c, const KVLane *ln, int i, float *x) {
+    int slot = ln->live[i], hd = c->shape.head_dim;
+    if (!ln->lr_fitted) kv_decode(x, c->band_ktype[0], stage_key(c, ln, slot), hd);   /* as a full-rank cache */
+    else {
+        lowrank_reconstruct(x, ln->k[0] + (size_t)(slot - ln->band_first[0]) * c->band_kb[0], c->band_ktype[0],
+                            ln->kbasis, c->krank, hd);
+        if (c->spec.pos == POS_ORIG) kv_rope_apply(x, &c->shape, c->lr_cs + (size_t)ln->pos[slot] * hd);
+    }
+    if (c->spec.pos == POS_CACHE) kv_rope_apply(x, &c->shape, c->rope_cs + (size_t)i * hd);
+    return x;
+}
+
+const float *kv_lowrank_value(const KVCache *c, const KVLane *ln, int i, float *x) {
+    int slot = ln->live[i], hd = c->shape.head_dim;
+    if (!ln->lr_fitted) kv_decode(x, c->band_vtype[0], stage_value(c, ln, slot), hd);
+    else lowrank_reconstruct(x, ln->v[0] + (size_t)(slot - ln->band_first[0]) * c->band_vb[0], c->band_vtype[0],
+                             ln->vbasis, c->vrank, hd);
+    return x;
+}
+
+/* Step 2 of a low-rank lane: the token at position t (k, v: head_dim, k before RoPE) into `slot` (its position
+ * already set). Inside the calibration span its pre-RoPE key, its key rotated by t and its value are added to the
+ * lane's second moments, whatever the policy later evicts. A fitted side stores the coefficients of the pre-RoPE
+ * vector; before the fit the staging row gets what a full-rank cache would store (the key rotated under pos=orig). */
+static void lowrank_store(KVCache *c, int lane, KVLane *ln, int slot, int t, const float *k, const float *v) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim;
+    float kr[hd];
+    memcpy(kr, k, (size_t)hd * sizeof(float));
+    kv_rope_apply(kr, s, kv_rope_at(c, t));
+    if (!ln->lr_fitted && ln->lr_seen < c->calib) {
+        double *m = c->lr_cov + (size_t)lane * 3 * hd * hd;
+        lowrank_accumulate(m, k, hd);
+        lowrank_accumulate(m + (size_t)hd * hd, kr, hd);
+        lowrank_accumulate(m + (size_t)2 * hd * hd, v, hd);
+        ln->lr_seen++;
+    }
+    const float *ks = c->spec.pos == POS_ORIG ? kr : k;   /* what a full-rank cache stores */
+    size_t row = (size_t)(slot - ln->band_first[0]);
+    if (!c->krank) kv_encode(ln->k[0] + row * c->band_kb[0], c->band_ktype[0], ks, hd);
+    else if (ln->lr_fitted) lowrank_project(ln->k[0] + row * c->band_kb[0], c->band_ktype[0], ln->kbasis, c->krank, k, hd);
+    else kv_encode(stage_key(c, ln, slot), c->band_ktype[0], ks, hd);
+    if (!c->vrank) kv_encode(ln->v[0] + row * c->band_vb[0], c->band_vtype[0], v, hd);
+    else if (ln->lr_fitted) lowrank_project(ln->v[0] + row * c->band_vb[0], c->band_vtype[0], ln->vbasis, c->vrank, v, hd);
+    else kv_encode(stage_value(c, ln, slot), c->band_vtype[0], v, hd);
+}
+
+/* The fit, once the lane has seen `calib` tokens: each low-rank side's basis = the eigenvectors of its second moment
+ * with the R largest eigenvalues (lowrank_eigen), rounded to f32; then every live slot's staged vector is projected
+ * once (a staged key under pos=orig is first rotated back by its position: kv_rope by -pos, whose cos, sin are the
+ * same numbers, the sines negated, so it undoes the rotation to within f32 rounding). The last lane fitted frees the
+ * cache's staging. */
+static void lane_fit(KVCache *c, int lane, KVLane *ln) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim;
+    size_t before = (size_t)ln->n_live * token_bytes(c, ln, 0);
+    double w[hd], *vec = malloc((size_t)hd * hd * sizeof(double));
+    if (!vec) { fprintf(stderr, "kv: out of memory fitting a low-rank basis\n"); exit(EXIT_FAILURE); }
+    for (int side = 0; side < 2; side++) {
+        int r = side ? c->vrank : c->krank;
+        if (!r) continue;
+        if (lowrank_eigen(w, vec, c->lr_cov + ((size_t)lane * 3 + (side ? 2 : 0)) * hd * hd, hd) < 0)
+            fprintf(stderr, "kv: warning: the Jacobi eigen-decomposition of lane %d did not converge in 100 sweeps; "
+                    "its last iterate is the basis\n", lane);
+        float *basis = side ? ln->vbasis : ln->kbasis;
+        for (size_t e = 0; e < (size_t)r * hd; e++) basis[e] = (float)vec[e];
+    }
+    free(vec);
+    float x[hd];
+    for (int i = 0; i < ln->n_live; i++) {
+        int slot = ln->live[i];
+        size_t row = (size_t)(slot - ln->band_first[0]);
+        if (c->krank) {
+            kv_decode(x, c->band_ktype[0], stage_key(c, ln, slot), hd);
+            if (c->spec.pos == POS_ORIG) kv_rope(x, s, -ln->pos[slot]);
+            lowrank_project(ln->k[0] + row * c->band_kb[0], c->band_ktype[0], ln->kbasis, c->krank, x, hd);
+        }
+        if (c->vrank) {
+            kv_decode(x, c->band_vtype[0], stage_value(c, ln, slot), hd);
+            lowrank_project(ln->v[0] + row * c->band_vb[0], c->band_vtype[0], ln->vbasis, c->vrank, x, hd);
+        }
+    }
+    ln->lr_fitted = 1;
+    c->live_bytes = c->live_bytes - before + (size_t)ln->n_live * token_bytes(c, ln, 0)
+                    + lowrank_basis_bytes(&c->spec, hd);
+    int n_lanes = s->n_layers * s->n_kv_heads, all = 1;
+    for (int i = 0; i < n_lanes && all; i++) all = c->lanes[i].lr_fitted;
+    if (all) { free(c->stage); c->stage = NULL; }
+}
+
+int kv_lowrank_spectrum(const KVCache *c, int l, const int *ranks, int n_ranks, double *share) {
+    if (!(c->krank || c->vrank)) return 0;
+    int hd = c->shape.head_dim, n_kv = c->shape.n_kv_heads;
+    double *w = malloc((size_t)hd * sizeof(double)), *vec = malloc((size_t)hd * hd * sizeof(double));
+    if (!w || !vec) { free(w); free(vec); return -1; }
+    for (int e = 0; e < 3 * n_ranks; e++) share[e] = 0;
+    for (int g = 0; g < n_kv; g++)
+        for (int m = 0; m < 3; m++) {
+            lowrank_eigen(w, vec, c->lr_cov + ((size_t)(l * n_kv + g) * 3 + m) * hd * hd, hd);
+            for (int j = 0; j < n_ranks; j++) share[m * n_ranks + j] += lowrank_energy(w, hd, ranks[j]) / n_kv;
+        }
+    free(w); free(vec);
+    return c->lanes[l * n_kv].lr_seen;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -615,6 +868,8 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
     if (c->merges) CARVE(ln->pos0, int32_t *, (size_t)cap * sizeof(int32_t));
     if (c->merge_evict) CARVE(ln->mw, float *, (size_t)cap * sizeof(float));
     CARVE(ln->meta, uint8_t *, (size_t)cap * c->meta_bytes);
+    if (c->krank) CARVE(ln->kbasis, float *, (size_t)c->krank * hd * sizeof(float));
+    if (c->vrank) CARVE(ln->vbasis, float *, (size_t)c->vrank * hd * sizeof(float));
     int first = cap;
     for (int b = 0; b < c->n_bands; b++) {
         first -= slots[b];
@@ -759,11 +1014,15 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     }
     c->n_bands = spec_bands(spec, c->band_ktype, c->band_vtype, c->band_want);
     int G = spec_kgroup(spec), any_chan = 0;
-    for (int b = 0; b < c->n_bands; b++) {
+    c->krank = spec->krank;
+    c->vrank = spec->vrank;
+    c->calib = spec_calib(shape, spec);
+    for (int b = 0; b < c->n_bands; b++) {   /* a low-rank side stores krank (vrank) coefficients per slot */
         c->band_kchan[b] = G && kv_type_bits(c->band_ktype[b]);
         any_chan |= c->band_kchan[b];
-        c->band_kb[b] = band_key_bytes(c->band_ktype[b], c->band_kchan[b], shape->head_dim);
-        c->band_vb[b] = kv_vector_bytes(c->band_vtype[b], shape->head_dim);
+        c->band_kb[b] = c->band_kchan[b] ? band_key_bytes(c->band_ktype[b], 1, shape->head_dim)
+                                         : kv_vector_bytes(c->band_ktype[b], c->krank ? c->krank : shape->head_dim);
+        c->band_vb[b] = kv_vector_bytes(c->band_vtype[b], c->vrank ? c->vrank : shape->head_dim);
     }
     if (G && !any_chan)
         return errorf(err, errlen, "'%s': kgroup=channel quantizes keys per channel, but no band of it has quantized "
@@ -774,7 +1033,13 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
                       "policies (full, window, sink, h2o, ...) in one memory tier", spec->text,
                       ops->merge ? "a merging policy" : merge_on_evict ? "merge-on-evict (merge=1)"
                       : ops->select ? "a selection policy" : "memory tiers (fast=)");
+    if ((spec->krank || spec->vrank) && G)
+        return errorf(err, errlen, "'%s': low rank (rank=, krank=, vrank=) does not combine with kgroup=channel yet: "
+                      "give one of them", spec->text);
+    if ((spec->krank || spec->vrank) && lowrank_check(c, shape, spec, ops, err, errlen)) return -1;
     c->kgroup = G;
+    c->stage_kb = c->krank ? kv_vector_bytes(c->band_ktype[0], shape->head_dim) : 0;
+    c->stage_vb = c->vrank ? kv_vector_bytes(c->band_vtype[0], shape->head_dim) : 0;
     c->spec.ktype = c->band_ktype[c->n_bands - 1];   /* the base type (prec='s last band) */
     c->spec.vtype = c->band_vtype[c->n_bands - 1];
     c->residual = c->n_bands == 2 && c->band_ktype[0] == KV_F32 && c->band_vtype[0] == KV_F32
@@ -846,6 +1111,18 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
         for (int i = 0; i < B; i++) rope_cs(c->rope_cs + (size_t)i * hd, shape, i);
     uint8_t *p = c->arena;
     for (int i = 0; i < n_lanes; i++) p += lane_carve(c, &c->lanes[i], caps ? caps[i] : B, p);
+    if (c->krank || c->vrank) {   /* low rank: the staging rows of every lane in one block, the second moments */
+        for (int i = 0; i < n_lanes; i++) {
+            c->lanes[i].stage_off = c->stage_bytes;
+            c->stage_bytes += (size_t)stage_rows(c->lanes[i].cap, c->calib) * (c->stage_kb + c->stage_vb);
+        }
+        c->stage = calloc(1, c->stage_bytes);
+        c->lr_cov = calloc((size_t)n_lanes * 3 * hd * hd, sizeof(double));
+        if (!c->stage || !c->lr_cov) {
+            kv_cache_free(c);
+            return errorf(err, errlen, "cannot allocate the low-rank staging of '%s'", spec->text);
+        }
+    }
     c->policy.lanes = c->lanes;
     if (kv_tier_init(c, err, errlen)) { kv_cache_free(c); return -1; }
     kv_cache_reset(c);
@@ -866,6 +1143,15 @@ void kv_cache_reset(KVCache *c) {
         if (ln->pos0) for (int s = 0; s < ln->cap; s++) ln->pos0[s] = -1;
         if (ln->mw) memset(ln->mw, 0, (size_t)ln->cap * sizeof(float));
         memset(ln->meta, 0, (size_t)ln->cap * c->meta_bytes);
+        ln->lr_seen = ln->lr_fitted = 0;
+    }
+    if (c->krank || c->vrank) {   /* a new document calibrates again: the staging comes back until its fit */
+        memset(c->lr_cov, 0, (size_t)n_lanes * 3 * c->shape.head_dim * c->shape.head_dim * sizeof(double));
+        if (!c->stage && !(c->stage = calloc(1, c->stage_bytes))) {
+            fprintf(stderr, "kv: out of memory for the low-rank staging of '%s' (%zu bytes)\n", c->spec.text,
+                    c->stage_bytes);
+            exit(EXIT_FAILURE);
+        }
     }
     for (int g = 0; g < c->shape.n_kv_heads; g++) c->read_n[g] = -1;
     if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_RESET, -1, -1, -1, -1, -1, NULL, NULL);
@@ -883,6 +1169,7 @@ void kv_cache_free(KVCache *c) {
     free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->run_buf); free(c->score_buf);
     free(c->sel_score); free(c->read_rank); free(c->read_n); free(c->kgbuf);
+    free(c->stage); free(c->lr_cov); free(c->lr_cs);
     kv_tier_free(c);
     memset(c, 0, sizeof *c);
 }
@@ -905,6 +1192,18 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
         d->peak_live = s->peak_live;
         memcpy(d->n_free, s->n_free, sizeof d->n_free);
         memcpy(d->kopen, s->kopen, sizeof d->kopen);
+        d->lr_seen = s->lr_seen;
+        d->lr_fitted = s->lr_fitted;
+    }
+    if (src->krank || src->vrank) {   /* the bases came with the arena; the moments, the staging, the rotations */
+        int hd = src->shape.head_dim;
+        memcpy(dst->lr_cov, src->lr_cov, (size_t)n_lanes * 3 * hd * hd * sizeof(double));
+        if (src->stage && !dst->stage && !(dst->stage = malloc(src->stage_bytes)))
+            return errorf(err, errlen, "kv: out of memory for the low-rank staging of '%s'", src->spec.text);
+        if (src->stage) memcpy(dst->stage, src->stage, src->stage_bytes);
+        else { free(dst->stage); dst->stage = NULL; }
+        if (src->lr_cs_n > 0 && lowrank_grow_cs(dst, src->lr_cs_n - 1))
+            return errorf(err, errlen, "kv: out of memory for the rotations of '%s'", src->spec.text);
     }
     if (src->policy.state_bytes) memcpy(dst->policy.state, src->policy.state, src->policy.state_bytes);
     dst->policy.prompt_len = src->policy.prompt_len;
@@ -1106,7 +1405,7 @@ static void slot_release(KVCache *c, KVLane *ln, int s) {
     ln->pos[s] = -1;
     if (ln->pos0) ln->pos0[s] = -1;
     ln->free[b][ln->n_free[b]++] = s;
-    c->live_bytes -= token_bytes(c, b);
+    c->live_bytes -= token_bytes(c, ln, b);
     if (c->band_kchan[b]) chan_release(c, ln, b, s);
     kv_tier_release(c, (int)(ln - c->lanes), s);
 }
@@ -1314,7 +1613,7 @@ static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
     kv_tier_move(c, lane, from, to, band_pair_bytes(c, b));
     if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_MOVE, lane, to, from, i, ln->pos[to], NULL, NULL);
     emit(c, KV_EV_RECODE, t, l, g, ln->pos[to], ln->pos0 ? ln->pos0[to] : ln->pos[to], 1, next, 0);
-    c->live_bytes = c->live_bytes - token_bytes(c, b) + token_bytes(c, next);
+    c->live_bytes = c->live_bytes - token_bytes(c, ln, b) + token_bytes(c, ln, next);
 }
 
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
@@ -1322,6 +1621,10 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     const KVPolicyOps *ops = c->policy.ops;
     int hd = s->head_dim;
     float tmp[hd];
+    if (c->krank && c->spec.pos == POS_ORIG && lowrank_grow_cs(c, t)) {
+        fprintf(stderr, "kv: out of memory for the low-rank rotation table at position %d\n", t);
+        exit(EXIT_FAILURE);
+    }
     for (int g = 0; g < s->n_kv_heads; g++) {
         int lane = l * s->n_kv_heads + g;
         KVLane *ln = &c->lanes[lane];
@@ -1338,17 +1641,21 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         /* step 2: store, into band 0 (recoding older tokens down the bands to make room) */
         band_make_room(c, l, g, ln, 0, t);
         int slot = band_pop(c, ln, 0);
-        memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
-        if (c->spec.pos == POS_ORIG) kv_rope_apply(tmp, s, kv_rope_at(c, t));
         ln->pos[slot] = t;
+        if (c->krank || c->vrank) lowrank_store(c, lane, ln, slot, t, k + (size_t)g * hd, v + (size_t)g * hd);
+        else {
+            memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
+            if (c->spec.pos == POS_ORIG) kv_rope_apply(tmp, s, kv_rope_at(c, t));
+            slot_write(c, ln, slot, 0, tmp);
+            slot_write(c, ln, slot, 1, v + (size_t)g * hd);
+        }
         if (ln->pos0) ln->pos0[slot] = t;
         if (ln->mw) ln->mw[slot] = 0;
-        slot_write(c, ln, slot, 0, tmp);
-        slot_write(c, ln, slot, 1, v + (size_t)g * hd);
         ln->live[ln->n_live++] = slot;
-        c->live_bytes += token_bytes(c, 0);
+        c->live_bytes += token_bytes(c, ln, 0);
         if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
         if (ln->n_live > ln->peak_live) ln->peak_live = ln->n_live;
+        if ((c->krank || c->vrank) && !ln->lr_fitted && ln->lr_seen == c->calib) lane_fit(c, lane, ln);
         memset(ln->meta + (size_t)slot * c->meta_bytes, 0, c->meta_bytes);
         kv_tier_store(c, lane, slot);
         if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_STORE, lane, slot, -1, ln->n_live - 1, t, k + (size_t)g * hd,
@@ -1489,11 +1796,12 @@ void kv_attend_select(KVCache *c, float *out, int l, int t, const float *q) {
         kv_tier_read(c, lane, rr, m);
         /* bytes read: every key scored to choose (select_scores) or the chosen keys, the chosen values, and what the
            policy read to choose (select_bytes: quest's page bounds) */
-        for (int i = 0; ops->select_scores && i < n; i++) c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[i])];
+        for (int i = 0; ops->select_scores && i < n; i++) c->bytes_read += lane_kb(c, ln, kv_slot_band(ln, ln->live[i]));
         for (int j = 0; j < m; j++) {
             int b = kv_slot_band(ln, ln->live[rr[j]]);
-            c->bytes_read += c->band_vb[b] + (ops->select_scores ? 0 : c->band_kb[b]);
+            c->bytes_read += lane_vb(c, ln, b) + (ops->select_scores ? 0 : lane_kb(c, ln, b));
         }
+        if (ln->lr_fitted) c->bytes_read += lowrank_basis_bytes(&c->spec, hd);   /* the bases it reconstructs from */
         if (ops->select_bytes) c->bytes_read += ops->select_bytes(&c->policy, lane, ln, t);
         c->keys_scanned += (uint64_t)(ops->select_scores ? n : m);
         if (ops->select_scanned) c->keys_scanned += ops->select_scanned(&c->policy, lane, ln, t);
@@ -1545,7 +1853,7 @@ void kv_prefetch(KVCache *c, int l, int t, const float *q) {
         int m = select_ranks(c, l, g, t - 1, c->spec.pos == POS_CACHE ? n : t, q + (size_t)g * group * hd, qr, sg,
                              rr);
         for (int i = 0; ops->select_scores && i < n; i++)
-            c->tier.predict_bytes += c->band_kb[kv_slot_band(ln, ln->live[i])];
+            c->tier.predict_bytes += lane_kb(c, ln, kv_slot_band(ln, ln->live[i]));
         if (ops->select_bytes) c->tier.predict_bytes += ops->select_bytes(&c->policy, lane, ln, t - 1);
         kv_tier_prefetch_ranks(c, lane, rr, m);
     }
@@ -1618,11 +1926,13 @@ void kv_describe(const KVCache *c, char *buf, size_t len) {
     if (c->tiers)
         snprintf(fast, sizeof fast, ", fast tier %.2f MiB (%zu B per lane)%s", c->tier.cap / 1048576.0,
                  c->tier.lane_cap, c->spec.prefetch ? ", prefetch" : "");
-    char kgroup[48] = "";
+    char kgroup[48] = "", lr[80] = "";
     if (c->kgroup) snprintf(kgroup, sizeof kgroup, ", keys per channel in groups of %d", c->kgroup);
-    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s%s, residual %d%s, pos %s, agg %s%s%s",
+    if (c->krank || c->vrank)
+        snprintf(lr, sizeof lr, ", krank %d vrank %d calib %d", c->krank, c->vrank, c->calib);
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s%s, residual %d%s%s, pos %s, agg %s%s%s",
              c->spec.name, c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s",
-             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], kgroup, c->residual, prec,
+             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], kgroup, c->residual, prec, lr,
              c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast,
              c->merge_evict ? ", merge-on-evict" : "");
 }

@@ -83,6 +83,24 @@
  * (w_v·x_victim + w_t·x_target) / (w_v + w_t), w the slots' accumulated attention (KVLane.mw, kept by the cache),
  * equal weights when both are 0; the target keeps its position and storage form, its weight becomes w_t + w_v, and
  * it covers the victim's positions for recall (a set, not a range: eval.c follows it from the KV_EV_MERGE events).
+ * Low rank (rank=R for keys and values, krank=R / vrank=R apart, calib=N; ShadowKV, Sun et al. 2024,
+ * arXiv:2410.21465, stores pre-RoPE keys at low rank, there from an SVD of the prompt's keys; Palu, Chang et al. 2024,
+ * arXiv:2407.21118, gets low-rank keys and values by factoring the projections instead): per lane, the basis of
+ * a side is the R eigenvectors with the largest eigenvalues of the uncentered second moment Σ x·xᵀ (no mean is
+ * stored, so no bytes for one: attention's scores are linear in the key, and the mean direction, if it matters, is
+ * among the top ones) of that lane's pre-RoPE keys (values) over the first N tokens of the stream (default 512,
+ * clipped to -c), every token stored counted whether the policy evicts it later or not, fitted by lowrank.c's Jacobi
+ * solver when the lane's N-th token is stored. Before that the lane is a full-rank cache (the same bits as the spec
+ * without rank=), its vectors held in a staging block of min(cap, N) full-rank rows per lane; at the fit every live
+ * slot is projected once and, after the last lane's fit, the staging is freed. From then on a slot holds R
+ * coefficients of the pre-RoPE vector in the lane's storage type (q8, q4 over R elements in groups of gcd(R, 32);
+ * q4 needs R even); a key is reconstructed (basis times coefficients, f32) and then rotated by its position
+ * (pos=orig, from a table by position) or by its rank (pos=cache); a value is reconstructed. A document's reset
+ * calibrates again. Accounting: the slots hold R-coefficient room from init; the bases (R·head_dim f32 per side) are
+ * allocated once per lane and live once fitted; the staging counts while it is held, so the peak and a byte
+ * budget include it; a step reads the bases of every lane it reconstructs from. One storage band only (no prec=,
+ * residual=), no merging policy, no fast= tier, no CUDA mirror, and no chunked attention (kv_attend_chunk goes token
+ * by token): refused or said where it applies.
  *
  * Positions (pos=):
  *   orig: keys are rotated with their true position when stored and the query with t.
@@ -94,8 +112,9 @@
  * Aggregation (agg=): the ranking policies (h2o, tova, snapkv) score with the group's mean or max probability;
  * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (docs/DESIGN.md), so agg= does not change them.
  *
- * Memory (kv_bytes): vectors (scales and minimums included), positions (int32, two with a merging policy), the live
- * and free index lists (int each), policy metadata and, with merge=1, the f32 weight mw, per slot; allocated = every slot of every lane, live = the
+ * Memory (kv_bytes): vectors (scales and minimums included; low rank: coefficients, bases, staging), positions (int32,
+ * two with a merging policy), the live and free index lists (int each), policy metadata and, with merge=1, the f32
+ * weight mw, per slot; allocated = every slot of every lane, live = the
  * slots in use. Attention
  * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
@@ -158,6 +177,9 @@ typedef struct {
     int kgroup_channel;       /* kgroup=channel: quantized keys per channel over groups of kgsize tokens (above); 0:
                                  kgroup=token, the default (per token, groups of elements as the type's layout says) */
     int kgsize;               /* kgsize=G: tokens per key group with kgroup=channel; 0 = not given (32) */
+    int krank, vrank;         /* rank= (both), krank=, vrank=: coefficients per key / value of a low-rank lane, in
+                                 [1, head_dim] (checked by kv_cache_init); 0 = full rank */
+    int calib;                /* calib=N: tokens of the stream the low-rank basis is fitted on; 0 = the default */
     char text[256];           /* the spec as given, for reports */
 } KVSpec;
 
@@ -197,6 +219,12 @@ typedef struct {
                               beside the vectors, not with them: the policy owns it and may write it through a
                               const KVLane (kv_rank_meta) */
     int peak_live;         /* slots, the most ever live */
+    /* low rank (krank/vrank of the cache > 0; see "Low rank" above): the lane's bases, carved beside its slots */
+    float *kbasis;         /* (krank, head_dim) f32, row j the j-th direction of the pre-RoPE keys; NULL: keys full */
+    float *vbasis;         /* (vrank, head_dim) f32, the values' directions; NULL: values full rank */
+    int lr_seen;           /* tokens stored since reset, up to the calibration span (calib) */
+    int lr_fitted;         /* 1: the bases are fitted and the slots hold coefficients; 0: full-rank staging */
+    size_t stage_off;      /* this lane's rows in the cache's staging block (KVCache.stage), bytes */
 } KVLane;
 
 /* The read-only lane view a policy works from: ranks 0..n_live-1 are the live tokens, oldest first. A policy never
@@ -344,6 +372,9 @@ typedef struct {
     size_t meta_alloc, meta_live;   /* positions, index lists, policy metadata */
     size_t total_alloc, total_live;
     size_t peak_live;               /* the most total_live ever reached since init or reset */
+    size_t basis_bytes;             /* low rank: the lanes' bases (in vec_alloc; in vec_live once fitted) */
+    size_t stage_bytes;             /* low rank: the full-rank staging held until every lane is fitted (in
+                                       vec_alloc; its rows in use in vec_live) */
     size_t formula_alloc;           /* 2 · n_layers · n_kv_heads · head_dim · slots · bytes per element (f32 = 4,
                                        f16/bf16 = 2, q8 = 1, q4 = 0.5, q2 = 0.25, k and v types apart, residual
                                        ignored): the
@@ -473,6 +504,16 @@ struct KVCache {
     KVSlotFn on_slot; void *slot_ctx;   /* the device mirror's observer, or NULL */
     void *device;            /* the device mirror (AttnDevice, attn.h) when attention runs on a GPU; NULL: the CPU */
     KVBackend backend;       /* the CPU attention kv_attend_chunk runs (kv_set_backend); KV_BACKEND_FAST after init */
+    /* low rank (rank=, krank=, vrank=): ranks (0: that side full rank), the calibration span in tokens, the staging */
+    int krank, vrank, calib;
+    size_t stage_kb, stage_vb;   /* bytes of one full-rank staging key / value (0 for a full-rank side) */
+    uint8_t *stage;          /* every lane's staging rows, min(cap, calib) per lane, or NULL once all are fitted */
+    size_t stage_bytes;
+    double *lr_cov;          /* (n_layers * n_kv_heads, 3, head_dim, head_dim) second moments over the calibration
+                                span: pre-RoPE keys, keys rotated by their positions, values (workspace, not cache) */
+    float *lr_cs;            /* (lr_cs_n, head_dim/2, 2) cos, sin by position, for rotating reconstructed keys under
+                                pos=orig (workspace, grown as positions arrive) */
+    int lr_cs_n;
 };
 
 /* Create a cache for a model shape from a parsed spec (the policy's own keys are checked here). Budget: spec->budget
@@ -603,6 +644,12 @@ void kv_rope(float *x, const KVShape *shape, int pos);
 /* The cos, sin table kv_rope uses for position pos: cs (head_dim/2, 2), angles in double, then rounded to float. */
 void kv_rope_cs(float *cs, const KVShape *shape, int pos);
 
+/* The spectrum of layer l's calibration span (low rank): for each of the n_ranks ranks r, the share of the energy
+ * (the sum of the r largest eigenvalues of the second moment over its trace, lowrank_energy) averaged over the
+ * layer's kv heads, into share (3, n_ranks): row 0 the pre-RoPE keys, row 1 the keys rotated by their positions, row 2
+ * the values. Returns the tokens the span holds (calib once fitted, fewer before), 0 when the cache is full rank (share
+ * untouched), -1 when out of memory. */
+int kv_lowrank_spectrum(const KVCache *c, int l, const int *ranks, int n_ranks, double *share);
 /* Bytes of one stored vector of head_dim elements in type ty (scales included). */
 size_t kv_vector_bytes(KVType ty, int head_dim);
 /* Encode x (head_dim, finite) into dst (kv_vector_bytes bytes) and decode it back; exposed for tests and kernels.

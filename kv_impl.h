@@ -34,11 +34,18 @@ static inline size_t kv_key_panel_slots(int budget) {
  * decoded from its codes and its group's scales and minimums into x (head_dim), x returned (kv.c). */
 const float *kv_chan_key(const KVCache *c, const KVLane *ln, int b, int slot, float *x);
 
+/* The f32 key and value of a low-rank cache's slot (c->krank, c->vrank; kv.c, "Low rank"): before the lane's fit, its
+ * full-rank staging row decoded as a full-rank cache reads it; after it, basis times coefficients, the key then rotated
+ * by its position (pos=orig, the table c->lr_cs) or, in either case under pos=cache, by its rank i. x (head_dim). */
+const float *kv_lowrank_key(const KVCache *c, const KVLane *ln, int i, float *x);
+const float *kv_lowrank_value(const KVCache *c, const KVLane *ln, int i, float *x);
+
 /* The f32 key of the lane's i-th live slot as step 3 sees it: read as is from an f32 band (or an open per-channel
  * group) or decoded from its band's key form, then, under pos=cache, rotated by its rank i (the table c->rope_cs,
  * = kv_rope_cs(i)); under pos=orig it was rotated by its position when stored. Returns a pointer into the cache (f32,
  * pos=orig) or x (head_dim) when it had to be decoded or rotated. Inline: the fast path calls it once per key. */
 static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
+    if (c->krank) return kv_lowrank_key(c, ln, i, x);
     int slot = ln->live[i], hd = c->shape.head_dim, b = kv_slot_band(ln, slot);
     const uint8_t *src = ln->k[b] + (size_t)(slot - ln->band_first[b]) * c->band_kb[b];
     const float *k = c->band_kchan[b] ? kv_chan_key(c, ln, b, slot, x)
@@ -52,6 +59,7 @@ static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i
 
 /* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
 static inline const float *kv_lane_value(const KVCache *c, const KVLane *ln, int i, float *x) {
+    if (c->vrank) return kv_lowrank_value(c, ln, i, x);
     int slot = ln->live[i], b = kv_slot_band(ln, slot);
     const uint8_t *src = ln->v[b] + (size_t)(slot - ln->band_first[b]) * c->band_vb[b];
     if (c->band_vtype[b] == KV_F32) return (const float *)(const void *)src;

@@ -81,14 +81,30 @@ static void ref_answer_free(RefAnswer *a) {
 }
 
 /* The stored vector of the lane's i-th live slot, decoded to f32 without RoPE (x: head_dim): read from the cache's
- * bytes here rather than through kv.c's readers, so the bound does not lean on the code it checks. */
+ * bytes here rather than through kv.c's readers, so the bound does not lean on the code it checks (a low-rank slot is
+ * reconstructed here in double). */
 static void ref_stored(const KVCache *c, const KVLane *ln, int i, int value, float *x) {
     int slot = ln->live[i], hd = c->shape.head_dim, b = 0;
     while (slot < ln->band_first[b]) b++;   /* the band holding the slot: bands own descending ranges of slot ids */
     size_t row = (size_t)(slot - ln->band_first[b]);
-    if (value) kv_decode(x, c->band_vtype[b], ln->v[b] + row * c->band_vb[b], hd);
+    int r = value ? c->vrank : c->krank;
+    KVType ty = value ? c->band_vtype[b] : c->band_ktype[b];
+    if (r && !ln->lr_fitted) {   /* a low-rank lane before its fit: the full-rank staging row (kv.c, stage_key) */
+        size_t srow = ln->cap <= c->calib ? (size_t)slot : (size_t)ln->pos[slot] % (size_t)c->calib;
+        kv_decode(x, ty, c->stage + ln->stage_off + srow * (c->stage_kb + c->stage_vb) + (value ? c->stage_kb : 0), hd);
+    } else if (r) {              /* after it: basis times coefficients, in double (the norm is what the bound needs) */
+        const float *basis = value ? ln->vbasis : ln->kbasis;
+        float *co = (float *)malloc((size_t)r * sizeof(float));
+        kv_decode(co, ty, (value ? ln->v[b] + row * c->band_vb[b] : ln->k[b] + row * c->band_kb[b]), r);
+        for (int d = 0; d < hd; d++) {
+            double acc = 0;
+            for (int j = 0; j < r; j++) acc += (double)co[j] * basis[(size_t)j * hd + d];
+            x[d] = (float)acc;
+        }
+        free(co);
+    } else if (value) kv_decode(x, ty, ln->v[b] + row * c->band_vb[b], hd);
     else if (c->band_kchan[b]) tchan_key(c, ln, b, slot, x);   /* kgroup=channel: tests/test_kv_util.h */
-    else kv_decode(x, c->band_ktype[b], ln->k[b] + row * c->band_kb[b], hd);
+    else kv_decode(x, ty, ln->k[b] + row * c->band_kb[b], hd);
 }
 
 /* Right after kv_attend_ref(c, out, l, t, q): keep out and c->scores, and the bound of every element (above). */

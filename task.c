@@ -395,6 +395,17 @@ int run_task(Model *m, const Options *o) {
         if (lens[li] <= max_new)
             fatal("-lengths: %d tokens leaves no room for a prompt beside the %d answer tokens (-n)", lens[li], max_new);
     }
+    for (int li = 0; li < n_lens; li++) {   /* the smallest prompt of the first item must fit (said before any work) */
+        TaskItem it;
+        Prompt p;
+        int stop;
+        uint64_t r0 = o->seed_set ? o->seed : 1;
+        if (item_fit(&it, &p, &stop, m, o, kind, 0, splitmix64(&r0), lens[li] - max_new))
+            fatal("-lengths: %d tokens is too short for -task %s: its smallest prompt does not fit beside %d answer "
+                  "tokens", lens[li], task_name(kind), max_new);
+        prompt_free(&p);
+        task_item_free(&it);
+    }
     if (kind == TASK_CWE && o->n_depths) run_note("-task cwe has no depth (the list is the whole context): -depths is "
                                                   "not used");
     int n_pol = o->n_kv ? o->n_kv : 1;

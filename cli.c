@@ -70,6 +70,10 @@ static const FlagDef FLAGS[] = {
     {"-task", "NAME", M_TASK, "the task: niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER's needles), "
      "vt (variable tracking), cwe (common words), passkey"},
     {"-items", "N", M_TASK, "items per (length, depth) cell, default 2"},
+    {"-questions", "N", M_TASK, "niah_multikey as a shared context: N keys (2 to 10) asked of one context, one "
+     "question each (SCBench)"},
+    {"-shared", "MODE", M_TASK, "with -questions: turns (default: one chat, each answer in the cache) or requests (each "
+     "question asked of the cache as it stood after the context)"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
     {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
     {"-v", NULL, M_GEN | M_CHAT, "each prompt's token ids, and per-layer memory and policy detail"},
@@ -279,6 +283,14 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
     } else if (!strcmp(a, "-items")) {
         if (parse_long(v, 1, 1 << 20, &n)) return errorf(err, errlen, "bad -items '%s': items per cell in [1, %d]", v, 1 << 20);
         o->items = (int)n;
+    } else if (!strcmp(a, "-questions")) {
+        if (parse_long(v, 2, TASK_MAX_NEEDLES, &n))
+            return errorf(err, errlen, "bad -questions '%s': questions of one context in [2, %d]", v, TASK_MAX_NEEDLES);
+        o->questions = (int)n;
+    } else if (!strcmp(a, "-shared")) {
+        if (strcmp(v, "turns") && strcmp(v, "requests"))
+            return errorf(err, errlen, "unknown -shared '%s'; modes: turns, requests", v);
+        o->shared = v;
     } else if (!strcmp(a, "-ids")) { o->print_ids = 1;
     } else if (!strcmp(a, "-bos")) { o->add_bos = 1;
     } else if (!strcmp(a, "-v")) { o->verbose = 1;
@@ -342,6 +354,12 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
                       o->n_kv);
     if (!strcmp(o->mode, "task") && !o->task)
         return errorf(err, errlen, "-m task needs -task NAME; tasks: %s", task_names());
+    if (o->shared && !o->questions)
+        return errorf(err, errlen, "-shared %s says how -questions are asked: give -questions N too", o->shared);
+    if (o->questions && strcmp(o->task, "niah_multikey"))
+        return errorf(err, errlen, "-questions asks the keys of niah_multikey's haystack: use -task niah_multikey, "
+                      "not %s", o->task);
+    if (o->questions && !o->shared) o->shared = "turns";
     if (o->prompt && o->n_files && !strcmp(o->mode, "tokenize"))
         return errorf(err, errlen, "give the text with -i or -f, not both");
     if (o->n_files > 1 && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-f is repeatable only in ppl mode");

@@ -637,13 +637,19 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
     return stop;
 }
 
-int chat_prompt_text(Line *t, int *bos, int *stop, const Model *m, const char *system, const char *user) {
+int chat_prompt_text(Line *t, int *bos, int *stop, const Model *m, const char *system, const char *user, int first) {
     ChatFormat fmt = chat_format(m);
     if (fmt == CHAT_NONE) return -1;
     char sysbuf[1024];
     if (!system && fmt == CHAT_CHATML && chatml_default_system(m, sysbuf, sizeof sysbuf)) system = sysbuf;
     const char *end_marker;
-    chat_render_text(t, bos, &end_marker, fmt, system, user, 1);
+    Line turn;
+    chat_render_text(&turn, bos, &end_marker, fmt, system, user, first);
+    *t = (Line){0};
+    /* a later turn first closes the assistant's answer as run_chat does: ChatML "<|im_end|>\n", Llama 3 "<|eot_id|>" */
+    if (!first && end_marker) line_printf(t, "%s%s", end_marker, fmt == CHAT_CHATML ? "\n" : "");
+    line_printf(t, "%s", turn.s);
+    line_free(&turn);
     *bos = *bos && m->tokenizer.bos_id >= 0;
     *stop = end_marker ? tokenizer_find(&m->tokenizer, end_marker) : -1;
     if (end_marker && *stop < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", end_marker);

@@ -253,6 +253,43 @@ int task_generate(TaskItem *it, TaskKind kind, int n_units, double depth, uint64
     return 0;
 }
 
+int task_generate_shared(TaskItem *it, int n_units, int n_questions, double depth, uint64_t seed, char *err,
+                         size_t errlen) {
+    memset(it, 0, sizeof *it);
+    if (n_questions < 2 || n_questions > TASK_MAX_NEEDLES)
+        return errorf(err, errlen, "a shared context takes 2 to %d questions, not %d", TASK_MAX_NEEDLES, n_questions);
+    if (n_units < task_min_units(TASK_NIAH_MULTIKEY))
+        return errorf(err, errlen, "a shared context needs at least %d filler units, not %d",
+                      task_min_units(TASK_NIAH_MULTIKEY), n_units);
+    if (!(depth >= 0 && depth <= 1)) return errorf(err, errlen, "depth %g is outside [0, 1]", depth);
+    it->kind = TASK_NIAH_MULTIKEY;
+    it->n_units = n_units;
+    it->depth = depth;
+    uint64_t rng = seed;
+    char keys[TASK_MAX_NEEDLES][16], values[TASK_MAX_NEEDLES][16];
+    draw_distinct(keys, n_questions, draw_word, &rng);
+    draw_numbers(values, n_questions, 7, &rng);
+    it->n_needles = it->n_questions = it->n_expected = n_questions;
+    for (int k = 0; k < n_questions; k++) {
+        it->needle_unit[k] = k == 0 ? (int)floor(depth * n_units + 0.5) : (int)(splitmix64(&rng) % (uint64_t)(n_units + 1));
+        snprintf(it->needle[k], sizeof it->needle[k], " One of the special magic numbers for %.15s is %.15s.", keys[k],
+                 values[k]);
+        memcpy(it->expected[k], values[k], sizeof it->expected[k]);
+        snprintf(it->question[k], sizeof it->question[k], " What is the special magic number for %.15s mentioned in the "
+                 "text above?", keys[k]);
+        snprintf(it->qprefix[k], sizeof it->qprefix[k], "The special magic number for %.15s mentioned in the text "
+                 "above is", keys[k]);
+    }
+    Buf b = {0};
+    buf_add(&b, "Some special magic numbers are hidden in the long text below. Find them and remember them; questions "
+                "about them come after the text.");
+    emit_haystack(&b, it);
+    buf_add(&b, it->question[0]);
+    it->text = b.s;
+    it->prefix = str_dup(it->qprefix[0]);
+    return 0;
+}
+
 void task_item_free(TaskItem *it) {
     free(it->text);
     free(it->prefix);
@@ -276,8 +313,11 @@ static int contains_nocase(const char *hay, const char *needle) {
 }
 
 TaskScore task_score(const TaskItem *it, const char *output) {
-    TaskScore s = {0, it->n_expected, 0, 0};
-    for (int k = 0; k < it->n_expected; k++) s.found += contains_nocase(output, it->expected[k]);
+    return task_score_answers(it->expected, it->n_expected, output);
+}
+TaskScore task_score_answers(const char (*expected)[16], int n, const char *output) {
+    TaskScore s = {0, n, 0, 0};
+    for (int k = 0; k < n; k++) s.found += contains_nocase(output, expected[k]);
     s.score = s.n_expected ? (double)s.found / s.n_expected : 0;
     s.exact = s.n_expected > 0 && s.found == s.n_expected;
     return s;
@@ -310,7 +350,7 @@ static void encode_prefix(const Model *m, const Prompt *p, size_t bytes, int **i
 static void prompt_build(Prompt *p, const Model *m, const Options *o, const TaskItem *it, int *stop) {
     memset(p, 0, sizeof *p);
     Line chat = {0};
-    if (chat_prompt_text(&chat, &p->bos, stop, m, o->system, it->text) == 0) {
+    if (chat_prompt_text(&chat, &p->bos, stop, m, o->system, it->text, 1) == 0) {
         p->special = 1;
         const char *u = strstr(chat.s, it->text);
         if (!u) fatal("the chat template changed the task's text");
@@ -341,17 +381,24 @@ static int prompt_tokens_before(const Model *m, const Prompt *p, size_t at) {
 /* An item whose prompt takes at most `room` tokens, as many filler units as that allows: generated at a first guess
  * from two sizes' token counts, then shrunk until it fits. 0, or -1 when even task_min_units does not fit (nothing
  * to free then). */
+static int item_gen(TaskItem *it, TaskKind kind, int n_units, double depth, uint64_t seed, int questions, char *err,
+                    size_t errlen) {
+    return questions ? task_generate_shared(it, n_units, questions, depth, seed, err, errlen)
+                     : task_generate(it, kind, n_units, depth, seed, err, errlen);
+}
+
 static int item_fit(TaskItem *it, Prompt *p, int *stop, const Model *m, const Options *o, TaskKind kind, double depth,
                     uint64_t seed, int room) {
     char err[256];
+    int qs = o->questions;
     int lo = task_min_units(kind), probe = lo + 64, t_lo, t_probe;
-    if (task_generate(it, kind, lo, depth, seed, err, sizeof err)) fatal("-task %s: %s", task_name(kind), err);
+    if (item_gen(it, kind, lo, depth, seed, qs, err, sizeof err)) fatal("-task %s: %s", task_name(kind), err);
     prompt_build(p, m, o, it, stop);
     t_lo = (int)p->n;
     if (t_lo > room) { prompt_free(p); task_item_free(it); return -1; }
     prompt_free(p);
     task_item_free(it);
-    if (task_generate(it, kind, probe, depth, seed, err, sizeof err)) fatal("-task %s: %s", task_name(kind), err);
+    if (item_gen(it, kind, probe, depth, seed, qs, err, sizeof err)) fatal("-task %s: %s", task_name(kind), err);
     prompt_build(p, m, o, it, stop);
     t_probe = (int)p->n;
     prompt_free(p);
@@ -359,7 +406,7 @@ static int item_fit(TaskItem *it, Prompt *p, int *stop, const Model *m, const Op
     double per = (double)(t_probe - t_lo) / (probe - lo);
     int n = lo + (int)((room - t_lo) / per);
     for (;;) {
-        if (task_generate(it, kind, n, depth, seed, err, sizeof err)) fatal("-task %s: %s", task_name(kind), err);
+        if (item_gen(it, kind, n, depth, seed, qs, err, sizeof err)) fatal("-task %s: %s", task_name(kind), err);
         prompt_build(p, m, o, it, stop);
         if ((int)p->n <= room) return 0;
         int over = (int)p->n - room, step = (int)ceil(over / per);
@@ -370,8 +417,191 @@ static int item_fit(TaskItem *it, Prompt *p, int *stop, const Model *m, const Op
     }
 }
 
+/* The tokens an item's prompt may take in a cell of `length` tokens: the rest is the answer's. With -questions,
+ * room for every later turn too (its question and prefix, TURN_TOKENS at most for niah_multikey's made-up keys,
+ * measured: 41 for SmolLM2's ChatML) and every answer, as -shared turns keeps them all in the cache; -shared
+ * requests gets the same context, so that the two protocols ask the same items. */
+enum { TURN_TOKENS = 48 };
+static int prompt_room(const Options *o, int length, int max_new) {
+    if (!o->questions) return length - max_new;
+    return length - o->questions * max_new - (o->questions - 1) * TURN_TOKENS;
+}
+
 /* Per policy: the score and exact sums and the count of items of each (length, depth) cell. */
 typedef struct { double score; int exact, n; } Cell;
+
+/* One item asked of one policy, and where its results go. */
+typedef struct {
+    Model *m;
+    const Options *o;
+    PolicyRun *r;
+    const TaskItem *it;
+    const Prompt *p;
+    TaskKind kind;
+    int length;
+    double depth;          /* NaN: none (cwe) */
+    int rep;
+    uint64_t item_seed;
+    int needle_pos, question_pos;
+    int stop, chunk, max_new;
+    OutFile *out;
+    Line *ln;
+    const Provenance *pv;
+    Cell *cell;
+    double *qsum;          /* (TASK_MAX_NEEDLES) -questions: Σ score per question */
+    int *qn;               /* (TASK_MAX_NEEDLES) and the count */
+} ItemRun;
+
+/* One answer's record; question -1 for an item that is not a shared context. */
+static void record_write(const ItemRun *ir, int question, int prompt_tokens, int answer_tokens,
+                         const char (*expected)[16], int n_expected, const char *answer, int cache_full, TaskScore sc) {
+    if (ir->out->fd < 0) return;
+    Line *ln = ir->ln;
+    const PolicyRun *r = ir->r;
+    line_printf(ln, "{\"mode\":\"task\",\"task\":\"%s\",\"family\":\"%s\",\"variant\":", task_name(ir->kind),
+                task_family(ir->kind));
+    if (task_variant(ir->kind)) line_printf(ln, "\"%s\"", task_variant(ir->kind));
+    else line_printf(ln, "null");
+    line_printf(ln, ",\"kv\":\"");
+    line_json_str(ln, r->cache.spec.text);
+    line_printf(ln, "\",\"budget\":%d,\"length\":%d,\"depth\":", r->cache.policy.budget, ir->length);
+    if (isnan(ir->depth)) line_printf(ln, "null");
+    else line_printf(ln, "%.6g", ir->depth);
+    if (question >= 0) line_printf(ln, ",\"shared\":\"%s\",\"questions\":%d,\"question\":%d", ir->o->shared,
+                                   ir->o->questions, question + 1);
+    line_printf(ln, ",\"item\":%d,\"item_seed\":%llu,\"prompt_tokens\":%d,\"answer_tokens\":%d,\"fillers\":%d,"
+                "\"needle_pos\":%d,\"question_pos\":%d,\"chat\":%s,\"expected\":[", ir->rep,
+                (unsigned long long)ir->item_seed, prompt_tokens, answer_tokens, ir->it->n_units, ir->needle_pos,
+                ir->question_pos, ir->p->special ? "true" : "false");
+    for (int e = 0; e < n_expected; e++) {
+        line_printf(ln, "%s\"", e ? "," : "");
+        line_json_str(ln, expected[e]);
+        line_printf(ln, "\"");
+    }
+    line_printf(ln, "],\"answer\":\"");
+    line_json_str(ln, answer);
+    KVBytes bytes = kv_bytes(&r->cache);
+    line_printf(ln, "\",\"cache_full\":%s,\"found\":%d,\"score\":%.6g,\"exact\":%d,\"kv_live_bytes\":%zu,"
+                "\"kv_peak_live_bytes\":%zu,\"kv_alloc_bytes\":%zu,", cache_full ? "true" : "false", sc.found, sc.score,
+                sc.exact, bytes.total_live, bytes.peak_live, bytes.total_alloc);
+    json_provenance_end(ln, ir->pv);
+    outfile_line(ir->out, ln);
+}
+
+static void cell_add(Cell *c, TaskScore sc) {
+    c->score += sc.score;
+    c->exact += sc.exact;
+    c->n++;
+}
+
+/* Feed ids[0..n) after what the cache holds (for -kvlog's text too) and answer: 0, PK_CACHE_FULL or PK_STOPPED. */
+static int feed_and_answer(const ItemRun *ir, const int *ids, size_t n, int *pos, char *answer, size_t cap) {
+    for (size_t i = 0; i < n; i++) ids_push(&ir->r->asked, ids[i]);
+    answer[0] = 0;
+    int rc = prefill(ir->m, ir->r, ids, n, pos, ir->chunk);
+    return rc ? rc : eval_answer(ir->m, ir->r, pos, ir->max_new, ir->stop, answer, cap);
+}
+
+/* The item's prompt from an empty cache, answered and scored. 0 or PK_STOPPED (nothing recorded then). */
+static int ask_one(ItemRun *ir) {
+    char answer[2048];
+    PolicyRun *r = ir->r;
+    kv_cache_reset(&r->cache);
+    kv_set_prompt_len(&r->cache, (int)ir->p->n);
+    r->asked.n = 0;
+    int pos = 0;
+    int rc = feed_and_answer(ir, ir->p->ids, ir->p->n, &pos, answer, sizeof answer);
+    if (rc == PK_STOPPED) return rc;
+    note_bytes(r);
+    TaskScore sc = task_score(ir->it, answer);
+    cell_add(ir->cell, sc);
+    record_write(ir, -1, (int)ir->p->n, pos - (int)ir->p->n, ir->it->expected, ir->it->n_expected, answer,
+                 rc == PK_CACHE_FULL, sc);
+    return 0;
+}
+
+/* A shared context's questions (SCBench's protocol). turns: the prompt (context and question 1) answered, then each
+ * later question as a new user turn of the same chat, every answer left in the cache. requests: the context alone
+ * prefilled once and its cache cloned (policy state included); each question is asked of the clone restored, as
+ * its own request: the question's tokens are the prompt's own from where the question starts. 0 or PK_STOPPED. */
+static int ask_shared(ItemRun *ir) {
+    char answer[2048], err[512];
+    PolicyRun *r = ir->r;
+    const Model *m = ir->m;
+    const TaskItem *it = ir->it;
+    int requests = !strcmp(ir->o->shared, "requests");
+    kv_cache_reset(&r->cache);
+    r->asked.n = 0;
+    int pos = 0, rc = 0;
+    KVCache saved;
+    int n_ctx = ir->question_pos;   /* the context's tokens: everything before question 1 */
+    if (requests) {
+        kv_set_prompt_len(&r->cache, n_ctx);   /* a prefill-time policy compresses the context, not seeing a question */
+        for (int i = 0; i < n_ctx; i++) ids_push(&r->asked, ir->p->ids[i]);
+        rc = prefill(ir->m, r, ir->p->ids, (size_t)n_ctx, &pos, ir->chunk);
+        if (rc == PK_STOPPED) return rc;
+        if (rc == 0 && kv_cache_clone(&saved, &r->cache, err, sizeof err)) fatal("-shared requests: %s", err);
+    } else kv_set_prompt_len(&r->cache, (int)ir->p->n);
+    int failed = rc;   /* PK_CACHE_FULL while prefilling the context: every question records it */
+    for (int q = 0; q < it->n_questions; q++) {
+        int n_prompt = 0, fed = 0, before = pos;
+        answer[0] = 0;
+        if (failed) rc = failed;
+        else if (requests) {
+            /* the prompt for question q: the same context, question q in place of question 1 */
+            TaskItem one = *it;
+            Line user = {0};
+            line_printf(&user, "%.*s%s", (int)it->question_at, it->text, it->question[q]);
+            one.text = user.s;
+            one.prefix = (char *)it->qprefix[q];
+            Prompt pq;
+            int stop;
+            prompt_build(&pq, m, ir->o, &one, &stop);
+            if (pq.n < (size_t)n_ctx || memcmp(pq.ids, ir->p->ids, (size_t)n_ctx * sizeof(int)))
+                fatal("-shared requests: question %d's prompt does not begin with the context's tokens", q + 1);
+            if (kv_cache_restore(&r->cache, &saved, err, sizeof err)) fatal("-shared requests: %s", err);
+            r->asked.n = (size_t)n_ctx;
+            pos = before = n_ctx;
+            n_prompt = (int)pq.n;
+            fed = n_prompt - n_ctx;
+            rc = feed_and_answer(ir, pq.ids + n_ctx, pq.n - (size_t)n_ctx, &pos, answer, sizeof answer);
+            prompt_free(&pq);
+            line_free(&user);
+        } else if (q == 0) {
+            rc = feed_and_answer(ir, ir->p->ids, ir->p->n, &pos, answer, sizeof answer);
+            n_prompt = fed = (int)ir->p->n;
+        } else {
+            /* the next user turn of the same chat, after the answer so far */
+            Line t;
+            int bos, stop;
+            if (chat_prompt_text(&t, &bos, &stop, m, ir->o->system, it->question[q] + 1, 0))
+                fatal("-shared turns needs a model with a chat template");
+            line_printf(&t, "%s", it->qprefix[q]);
+            int *ids;
+            size_t n;
+            if (tokenizer_encode_special(&m->tokenizer, (const unsigned char *)t.s, t.n, 0, &ids, &n, err, sizeof err))
+                fatal("tokenizer: %s", err);
+            line_free(&t);
+            rc = feed_and_answer(ir, ids, n, &pos, answer, sizeof answer);
+            n_prompt = fed = (int)n;
+            free(ids);
+        }
+        if (rc == PK_STOPPED) {
+            if (requests && !failed) kv_cache_free(&saved);
+            return rc;
+        }
+        note_bytes(r);
+        TaskScore sc = task_score_answers(&it->expected[q], 1, answer);
+        cell_add(ir->cell, sc);
+        ir->qsum[q] += sc.score;
+        ir->qn[q]++;
+        record_write(ir, q, n_prompt, rc == PK_CACHE_FULL ? 0 : pos - before - fed, &it->expected[q], 1, answer,
+                     rc == PK_CACHE_FULL, sc);
+        if (rc == PK_CACHE_FULL && !requests) failed = rc;   /* the chat cannot continue */
+    }
+    if (requests && !failed) kv_cache_free(&saved);
+    return 0;
+}
 
 int run_task(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("-m task needs a model with a tokenizer");
@@ -400,7 +630,7 @@ int run_task(Model *m, const Options *o) {
         Prompt p;
         int stop;
         uint64_t r0 = o->seed_set ? o->seed : 1;
-        if (item_fit(&it, &p, &stop, m, o, kind, 0, splitmix64(&r0), lens[li] - max_new))
+        if (item_fit(&it, &p, &stop, m, o, kind, 0, splitmix64(&r0), prompt_room(o, lens[li], max_new)))
             fatal("-lengths: %d tokens is too short for -task %s: its smallest prompt does not fit beside %d answer "
                   "tokens", lens[li], task_name(kind), max_new);
         prompt_free(&p);
@@ -434,7 +664,6 @@ int run_task(Model *m, const Options *o) {
     for (int li = 0; li < n_lens; li++) total_tokens += (long)lens[li] * n_depths * items * n_pol;
     Cell *cells = calloc((size_t)n_lens * n_depths, sizeof *cells);
     if (!cells) fatal("out of memory");
-    char answer[2048];
     int stopped = 0;
     double t_job = now_s();
     for (int k = 0; k < n_pol && !stopped; k++) {
@@ -443,6 +672,8 @@ int run_task(Model *m, const Options *o) {
         policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
         if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
         memset(cells, 0, (size_t)n_lens * n_depths * sizeof *cells);
+        double qsum[TASK_MAX_NEEDLES] = {0};   /* -questions: Σ score and count per question (turn) */
+        int qn[TASK_MAX_NEEDLES] = {0};
         double t_policy = now_s();
         for (int li = 0; li < n_lens && !stopped; li++)
             for (int di = 0; di < n_depths && !stopped; di++)
@@ -452,64 +683,19 @@ int run_task(Model *m, const Options *o) {
                     Prompt p;
                     int stop;
                     if (item_fit(&it, &p, &stop, m, o, kind, kind == TASK_CWE ? 0 : depths[di], item_seed,
-                                 lens[li] - max_new))
+                                 prompt_room(o, lens[li], max_new)))
                         fatal("-lengths: %d tokens is too short for -task %s: its smallest prompt does not fit "
                               "beside %d answer tokens", lens[li], task_name(kind), max_new);
-                    int needle_pos = it.n_needles ? prompt_tokens_before(m, &p, it.needle_at[0]) : -1;
-                    int question_pos = prompt_tokens_before(m, &p, it.question_at);
-                    kv_cache_reset(&r.cache);
-                    kv_set_prompt_len(&r.cache, (int)p.n);
-                    r.asked.n = 0;
-                    for (size_t i = 0; i < p.n; i++) ids_push(&r.asked, p.ids[i]);
-                    int pos = 0;
-                    int rc = prefill(m, &r, p.ids, p.n, &pos, chunk);
-                    if (rc == 0) rc = eval_answer(m, &r, &pos, max_new, stop, answer, sizeof answer);
-                    else answer[0] = 0;
-                    if (rc == PK_STOPPED) {
-                        stopped = 1;
-                        prompt_free(&p);
-                        task_item_free(&it);
-                        break;
-                    }
-                    note_bytes(&r);
-                    KVBytes bytes = kv_bytes(&r.cache);
-                    TaskScore sc = task_score(&it, answer);
-                    Cell *c = &cells[li * n_depths + di];
-                    c->score += sc.score;
-                    c->exact += sc.exact;
-                    c->n++;
-                    done_tokens += lens[li];
-                    progress(t_job, done_tokens, total_tokens, "task");
-                    if (out.fd >= 0) {
-                        line_printf(&ln, "{\"mode\":\"task\",\"task\":\"%s\",\"family\":\"%s\",\"variant\":",
-                                    task_name(kind), task_family(kind));
-                        if (task_variant(kind)) line_printf(&ln, "\"%s\"", task_variant(kind));
-                        else line_printf(&ln, "null");
-                        line_printf(&ln, ",\"kv\":\"");
-                        line_json_str(&ln, r.cache.spec.text);
-                        line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"depth\":", r.cache.policy.budget, lens[li]);
-                        if (kind == TASK_CWE) line_printf(&ln, "null");
-                        else line_printf(&ln, "%.6g", depths[di]);
-                        line_printf(&ln, ",\"item\":%d,\"item_seed\":%llu,\"prompt_tokens\":%zu,\"answer_tokens\":%d,"
-                                    "\"fillers\":%d,\"needle_pos\":%d,\"question_pos\":%d,\"chat\":%s,\"expected\":[",
-                                    rep, (unsigned long long)item_seed, p.n, pos - (int)p.n, it.n_units, needle_pos,
-                                    question_pos, p.special ? "true" : "false");
-                        for (int e = 0; e < it.n_expected; e++) {
-                            line_printf(&ln, "%s\"", e ? "," : "");
-                            line_json_str(&ln, it.expected[e]);
-                            line_printf(&ln, "\"");
-                        }
-                        line_printf(&ln, "],\"answer\":\"");
-                        line_json_str(&ln, answer);
-                        line_printf(&ln, "\",\"cache_full\":%s,\"found\":%d,\"score\":%.6g,\"exact\":%d,"
-                                    "\"kv_live_bytes\":%zu,\"kv_peak_live_bytes\":%zu,\"kv_alloc_bytes\":%zu,",
-                                    rc == PK_CACHE_FULL ? "true" : "false", sc.found, sc.score, sc.exact,
-                                    bytes.total_live, bytes.peak_live, bytes.total_alloc);
-                        json_provenance_end(&ln, &pv);
-                        outfile_line(&out, &ln);
-                    }
+                    ItemRun ir = {m, o, &r, &it, &p, kind, lens[li], kind == TASK_CWE ? NAN : depths[di], rep,
+                                  item_seed, it.n_needles ? prompt_tokens_before(m, &p, it.needle_at[0]) : -1,
+                                  prompt_tokens_before(m, &p, it.question_at), stop, chunk, max_new, &out, &ln, &pv,
+                                  &cells[li * n_depths + di], qsum, qn};
+                    int rc = o->questions ? ask_shared(&ir) : ask_one(&ir);
                     prompt_free(&p);
                     task_item_free(&it);
+                    if (rc == PK_STOPPED) { stopped = 1; break; }
+                    done_tokens += lens[li];
+                    progress(t_job, done_tokens, total_tokens, "task");
                 }
         /* the table: mean score by length (rows) and depth (columns), exact answers beside it */
         fprintf(stderr, "\n%s, %s: mean score (exact/items) by length (rows)%s\n%8s", r.cache.spec.text,
@@ -532,6 +718,12 @@ int run_task(Model *m, const Options *o) {
                 ex += c->exact;
                 n += c->n;
             }
+            fprintf(stderr, "\n");
+        }
+        if (o->questions) {
+            fprintf(stderr, "%s, %s -questions %d -shared %s: mean score by question:", r.cache.spec.text,
+                    task_name(kind), o->questions, o->shared);
+            for (int q = 0; q < o->questions; q++) fprintf(stderr, " %d: %.3f", q + 1, qn[q] ? qsum[q] / qn[q] : 0);
             fprintf(stderr, "\n");
         }
         fprintf(stderr, "%s, %s: score %.3f, exact %d/%d items, peak KV %.2f MiB, %.1f s%s\n", r.cache.spec.text,

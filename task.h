@@ -69,6 +69,10 @@ typedef struct {
     size_t haystack_at, question_at;       /* byte offsets of the haystack's start and of the question */
     int n_expected;
     char expected[TASK_MAX_EXPECTED][16];  /* the answers, each a word or a number written in decimal */
+    /* a shared context (task_generate_shared): text holds question 0 from question_at; each question in turn */
+    int n_questions;
+    char question[TASK_MAX_NEEDLES][128];  /* each question (it starts with a space) */
+    char qprefix[TASK_MAX_NEEDLES][128];   /* its answer's opening words */
 } TaskItem;
 
 /* Generate item `kind` with n_units filler units and the asked needle at `depth` in [0, 1] (ignored by cwe), from
@@ -79,6 +83,13 @@ int task_generate(TaskItem *it, TaskKind kind, int n_units, double depth, uint64
 /* The fewest filler units an item of this kind takes (cwe: the list's top words each TASK_CWE_FREQ_RARE + 1 times,
  * and as many rare entries; the others: 4, as -m passkey). */
 int task_min_units(TaskKind kind);
+/* A shared context for SCBench's protocol (Li et al. 2024, "SCBench: A KV Cache-Centric Analysis of Long-Context
+ * Methods", arXiv:2412.10319): niah_multikey's haystack with n_questions needles of n_questions keys (needle 0 at
+ * the depth, the others at seeded units), then n_questions questions, question q asking key q: expected[q] is its
+ * value. text is the instruction, the haystack and question 0 (question_at: where it starts). 0, or -1 + message
+ * (n_questions outside [2, TASK_MAX_NEEDLES], n_units below 4, depth outside [0, 1]). */
+int task_generate_shared(TaskItem *it, int n_units, int n_questions, double depth, uint64_t seed, char *err,
+                         size_t errlen);
 void task_item_free(TaskItem *it);
 
 /* RULER's score (string_match_all): an expected answer counts as found when it occurs in the output, ASCII case
@@ -90,12 +101,16 @@ typedef struct {
     int exact;
 } TaskScore;
 TaskScore task_score(const TaskItem *it, const char *output);
+/* The same for n expected answers (a shared context's question q: its one expected answer). */
+TaskScore task_score_answers(const char (*expected)[16], int n, const char *output);
 
 /* -m task: o->task's items at each -lengths (default -c/4, -c/2, -c) and -depths (default 0, .25, .5, .75, 1; cwe:
  * none) cell, o->items per cell, asked of every -kv policy (the same items for each: drawn from -s, default 1). Each
  * prompt is the model's chat template around the item's text (plain text when the model has none) with the answer's
  * prefix, as long as fits in the length with the -n answer tokens; greedy answer. A table per policy on stderr, with
- * -o one JSON line per item. Returns the exit status: 0, or 128 + the signal when SIGINT/SIGTERM stopped it (every
+ * -o one JSON line per item. With -questions N (niah_multikey only): N questions of one shared context per item,
+ * -shared turns (one after another in one chat, each answer in the cache) or requests (each asked of the cache as it
+ * stood after the context: kv_cache_clone, kv_cache_restore), one JSON line per question. Returns the exit status: 0, or 128 + the signal when SIGINT/SIGTERM stopped it (every
  * item answered before is printed and written). */
 int run_task(Model *m, const Options *o);
 

@@ -28,7 +28,8 @@ value() {
         -c) echo 32 ;; -y) echo sys ;; -kv) echo window:8 ;; -kvt) echo f32 ;; -kvlog) echo "$tmp/kv.log" ;;
         -d) echo cpu ;; -o) echo "$tmp/o.jsonl" ;; -chunk) echo 4 ;; -ppl-mode) echo stream ;;
         -tokenlog) echo "$tmp/t.jsonl" ;; -link) echo 64 ;; -calib) echo "$tmp/ids.txt" ;; -depths) echo 0,0.5 ;;
-        -lengths) echo 32 ;; -passkey2) echo 0 ;; -task) echo vt ;; -items) echo 1 ;; *) echo "" ;;
+        -lengths) echo 32 ;; -passkey2) echo 0 ;; -task) echo vt ;; -items) echo 1 ;; -questions) echo 2 ;;
+        -shared) echo turns ;; *) echo "" ;;
     esac
 }
 modes=$(sed -n 1p "$tmp/table.md" | tr '|' '\n' | sed 's/ //g' | grep -v '^$' | sed '1d;$d')

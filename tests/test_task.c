@@ -9,7 +9,9 @@
  *     frequent than every other word;
  *   - seeded determinism (same seed, same item; another seed, another item; the expected answers do not depend on the
  *     filler count, which the runner shrinks to fit a length);
- *   - the scorer on scripted answers: right 1, wrong 0, empty 0, a digit short 0, partial the stated share.
+ *   - the scorer on scripted answers: right 1, wrong 0, empty 0, a digit short 0, partial the stated share;
+ *   - a shared context (task_generate_shared): N needles of N keys; question q names key q, whose one needle holds
+ *     expected[q]; needle 0 at the depth; the text ends with question 1.
  */
 #include "task.h"
 #include "tests/check.h"
@@ -278,8 +280,40 @@ int main(void) {
         task_item_free(&c);
         task_item_free(&d);
     }
-    /* bad input */
+    /* shared contexts */
+    int bad_shared = 0, n_shared = 0;
+    for (int nq = 2; nq <= TASK_MAX_NEEDLES; nq += 4)
+        for (uint64_t seed = 1; seed <= 10; seed++)
+            for (int di = 0; di < 6; di++) {
+                TaskItem sh;
+                int n = 5 + (int)seed * 11;
+                if (task_generate_shared(&sh, n, nq, depths[di], seed, err, sizeof err)) { bad_shared++; continue; }
+                n_shared++;
+                Needle nd[16];
+                int nn = parse_needles(sh.text, 0, nd, 16), ok = nn == nq && sh.n_questions == nq;
+                for (int q = 0; ok && q < nq; q++) {
+                    char key[32];
+                    ok = sscanf(sh.question[q], " What is the special magic number for %31[a-z] ", key) == 1;
+                    int holders = 0;
+                    for (int i = 0; ok && i < nn; i++)
+                        if (!strcmp(nd[i].key, key)) { holders++; ok = !strcmp(nd[i].value, sh.expected[q]); }
+                    ok = ok && holders == 1 && count_occ(sh.text, sh.expected[q], NULL) == 1 && strstr(sh.qprefix[q], key);
+                }
+                int at = (int)floor(depths[di] * n + 0.5);
+                ok = ok && fillers_before(sh.text, sh.needle_at[0]) == at && strstr(nd[0].key, "") &&
+                     !strcmp(sh.text + sh.question_at, sh.question[0]);
+                for (int i = 0; ok && i < nn; i++)
+                    if (nd[i].at == sh.needle_at[0]) ok = !strcmp(nd[i].value, sh.expected[0]);
+                bad_shared += !ok;
+                task_item_free(&sh);
+            }
+    CHECK(bad_shared == 0 && n_shared == 180, "shared contexts: %d of 2, 6, 10 questions parsed: each question's key "
+          "in one needle holding its expected value, needle 0 at the depth, question 1 last (%d wrong)", n_shared,
+          bad_shared);
     TaskItem it;
+    CHECK(task_generate_shared(&it, 20, 1, 0.5, 1, err, sizeof err) == -1 && strstr(err, "2 to 10 questions"),
+          "a shared context of 1 question: -1, '%s'", err);
+    /* bad input */
     int r1 = task_generate(&it, TASK_NIAH_SINGLE, 3, 0.5, 1, err, sizeof err);
     CHECK(r1 == -1 && strstr(err, "at least 4"), "niah_single with 3 filler units: -1, '%s'", err);
     int r2 = task_generate(&it, TASK_VT, 10, 1.5, 1, err, sizeof err);

@@ -8,6 +8,10 @@
 #  - placement: for niah_single and passkey (one needle), the needle at depth 0.5 starts floor(0.5 * fillers + 0.5)
 #    filler sentences (their token count measured here) after the needle at depth 0 (the haystack's start): exact;
 #  - full keeps more bytes than sink:64, whose peak is 64 slots per lane;
+#  - shared context (-task niah_multikey -questions 3, -shared turns and requests, full and sink:64): one record per
+#    question; question 1 is the same prompt in both protocols and gets the same answer (requests prefilled the context,
+#    cloned and restored the cache: bit-identical); full's live bytes per token are one constant, the cache holding
+#    every turn so far under turns and only the context with this question under requests (restored each time);
 #  - bad flags: an unknown -task, -task without -m task, -m task without -task, a length over -c: one error line.
 # SKIPs without models/smollm2-135m-instruct.bin, and under KVLAB_SANITIZE (minutes under ASan).
 set -u
@@ -80,6 +84,46 @@ for t in per_answer:
         check(ok, f"{t}: the needle at depth 0.5 after the needle at depth 0: " + "; ".join(why))
 PY
 
+for sh in turns requests; do
+    "$RUN" "$M" -m task -task niah_multikey -questions 3 -shared $sh -c 768 -lengths 768 -depths 0.5 -items 1 \
+        -kv full -kv sink:64 -o "$tmp/sh_$sh.jsonl" 2>"$tmp/sh_$sh.err"
+    rc=$?
+    if [ $rc -eq 0 ]; then echo "PASS -questions 3 -shared $sh: exit 0"; else echo "FAIL -shared $sh: exit $rc: $(tail -2 "$tmp/sh_$sh.err")"; fi
+done
+python3 - "$tmp" <<'PY'
+import json, os, sys
+tmp = sys.argv[1]
+def check(ok, msg): print(("PASS " if ok else "FAIL ") + msg)
+def load(sh):
+    p = os.path.join(tmp, f"sh_{sh}.jsonl")
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+t, q = load("turns"), load("requests")
+for name, recs in (("turns", t), ("requests", q)):
+    check([(r["kv"], r["question"], r["shared"]) for r in recs] ==
+          [(kv, i, name) for kv in ("full", "sink:64") for i in (1, 2, 3)] and
+          all(len(r["expected"]) == 1 and r["score"] == float(r["expected"][0] in r["answer"]) for r in recs),
+          f"-shared {name}: records of questions 1, 2, 3 per policy, each scored on its one key "
+          f"(scores {[r['score'] for r in recs]})")
+for kv in ("full", "sink:64"):
+    a = [r for r in t if r["kv"] == kv and r["question"] == 1]
+    b = [r for r in q if r["kv"] == kv and r["question"] == 1]
+    check(a and b and a[0]["answer"] == b[0]["answer"] and a[0]["prompt_tokens"] == b[0]["prompt_tokens"] and
+          a[0]["expected"] == b[0]["expected"],
+          f"{kv}: question 1 the same prompt ({a[0]['prompt_tokens'] if a else '?'} tokens) and answer under turns and "
+          f"requests ({a[0]['answer'][:30] if a else ''!r})")
+ft = [r for r in t if r["kv"] == "full"]
+fq = [r for r in q if r["kv"] == "full"]
+held, per = 0, set()
+for r in ft:
+    held += r["prompt_tokens"] + r["answer_tokens"]
+    per.add(r["kv_live_bytes"] / held)
+for r in fq:
+    per.add(r["kv_live_bytes"] / (r["prompt_tokens"] + r["answer_tokens"]))
+check(len(ft) == 3 and len(fq) == 3 and len(per) == 1,
+      f"full: live bytes per token {sorted(per)} over turns (every turn kept: {[r['kv_live_bytes'] for r in ft]}) and "
+      f"requests (the context and one question: {[r['kv_live_bytes'] for r in fq]})")
+PY
+
 expect_error() {   # NAME PATTERN ARGS...: exit 1, one stderr line (after the CPU note) matching PATTERN
     local name=$1 pat=$2; shift 2
     "$RUN" "$M" "$@" >/dev/null 2>"$tmp/e"; local rc=$?
@@ -92,4 +136,6 @@ expect_error "-task without -m task" "-task is not used by -m passkey (it is for
 expect_error "-m task without -task" "-m task needs -task NAME" -m task
 expect_error "-lengths over -c" "-lengths: 600 tokens is over -c 512" -m task -task vt -c 512 -lengths 256,600
 expect_error "-lengths too short" "-lengths: 100 tokens is too short for -task cwe" -m task -task cwe -c 512 -lengths 100
+expect_error "-questions with vt" "-questions asks the keys of niah_multikey's haystack" -m task -task vt -questions 3
+expect_error "-shared alone" "-shared requests says how -questions are asked" -m task -task niah_multikey -shared requests
 exit 0

@@ -621,11 +621,21 @@ static int geo_of(Geo *g, const KVCache *c, char *err, size_t errlen) {
     const KVPolicyOps *ops = c->policy.ops;
     int ragged = 0;
     for (int i = 0; i < g->n_lanes; i++) ragged |= c->lanes[i].cap != c->budget;
+    if (c->merge_evict) {   /* a merged key is a weighted mean of rotated keys: no pre-RoPE k the STORE event has */
+        snprintf(err, errlen, "'%s' is not on the CUDA path yet: merge=1 (merge-on-evict) rewrites kept slots with "
+                 "merged keys and values, which the mirror is not told; run it with -d cpu", c->spec.text);
+        return -1;
+    }
     if (c->n_bands > 2 || (c->n_bands == 2 && !c->residual) || ops->merge || ops->select || ragged || c->tiers) {
         snprintf(err, errlen, "'%s' is not on the CUDA path yet: the mirror takes one precision band or an f32 "
                  "residual over one type, eviction-family policies, equal lanes and one memory tier (no prec= beyond "
                  "that, no merging or selection policy, no ragged budgets, no fast=); run it with -d cpu",
                  c->spec.text);
+        return -1;
+    }
+    if (c->kgroup) {
+        snprintf(err, errlen, "'%s' is not on the CUDA path yet: the mirror stores keys per token, not per channel "
+                 "(kgroup=channel); run it with -d cpu", c->spec.text);
         return -1;
     }
     if (!g->tps || g->hd > 512) {

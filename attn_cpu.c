@@ -337,11 +337,12 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
 /* How many of the next tokens of layer l, from position t, can attend as one chunk: every lane has room for them (no
  * step-1 eviction), the policy never frees or merges slots (no prune, no merge), none of them selects (a selection
  * policy's prompt queries under prompt=dense read every token), there is one precision band (a token recoded into
- * the next band changes its bits), one memory tier (the fast tier's bookkeeping follows each token's store and read
- * in turn) and attention runs on the CPU's fast backend (the reference goes token by token). 0 when none can. */
+ * the next band changes its bits), keys per token (a per-channel key, kgroup=channel, changes its bits when its group
+ * seals), one memory tier (the fast tier's bookkeeping follows each token's store and read in turn) and attention
+ * runs on the CPU's fast backend (the reference goes token by token). 0 when none can. */
 static int chunk_room(const KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
-    if (c->device || c->n_bands > 1 || ops->prune || ops->merge || kv_query_selects(c, t)
+    if (c->device || c->n_bands > 1 || c->kgroup || ops->prune || ops->merge || kv_query_selects(c, t)
         || c->backend == KV_BACKEND_REF || c->tiers)
         return 0;
     int room = ops->select ? c->policy.prompt_len - t : c->budget;   /* up to the prompt's end */

@@ -47,7 +47,7 @@ static const FlagDef FLAGS[] = {
                          "(passkey, task and bench: at most 2048)"},
     {"-y", "TEXT", M_CHAT | M_TASK, "system prompt (default: the chat template's own, if it has one)"},
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench, task (-h policies)"},
-    {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4"},
+    {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4, q2"},
     {"-calib", "FILE", M_CACHE, "calibration text (ids on an ids-only model) for a policy that chooses its lanes on "
                                 "one (duo: recall of sink:B against the shadow over its first -c tokens); required by it"},
     {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_TASK, "cache events (evictions, merges, recodes) of every policy, JSON lines"},
@@ -117,9 +117,9 @@ void usage(FILE *f) {
     }
     fprintf(f, "policies: %s (-h policies: their keys, defaults and papers)\n"
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
-               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4, residual=R, prec|kprec|vprec=T:N/.../T, "
-               "pos=orig|cache, "
-               "agg=mean|max, fast=BYTES|P%%, prefetch=0|1\n"
+               "keys of every policy: type|ktype|vtype=f32|f16|bf16|q8|q4|q2, residual=R, prec|kprec|vprec=T:N/.../T, "
+               "pos=orig|cache, agg=mean|max, fast=BYTES|P%%, prefetch=0|1, kgroup=token|channel, kgsize=G; of every "
+               "eviction policy: merge=0|1\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
 
@@ -149,8 +149,10 @@ void usage_policies(FILE *f) {
         if (p->calib_full) fprintf(f, "    needs: -calib FILE (its lanes are chosen on that text before the job)\n");
     }
     fprintf(f, "\nkeys every policy takes:\n"
-               "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4\n"
+               "  type=T, ktype=T, vtype=T  storage of keys and values: f32 (default, or -kvt), f16, bf16, q8, q4, q2\n"
                "  residual=R                the R newest tokens of a lane kept in f32 (KIVI's residual), default 0\n"
+               "  kgroup=token|channel      quantized keys (q8, q4, q2) per token (default) or per channel over groups\n"
+               "                            of kgsize=G tokens (default 32), the newest partial group in f32 (KIVI)\n"
                "  prec=T:N/T:N/.../T        precision by age, newest first: prec=f32:64/q8:512/q4 keeps a lane's 64\n"
                "                            newest tokens in f32, the next 512 in q8, the rest in q4 (instead of type=\n"
                "                            and residual=; residual=R with type=T is prec=f32:R/T); at most 4 bands,\n"
@@ -165,6 +167,13 @@ void usage_policies(FILE *f) {
                "                            read leave first (split evenly over the lanes); moves and hits reported\n"
                "  prefetch=0|1              with fast=: move what the next layer's predicted query reads ahead\n"
                "                            (InfiniGen), default 0\n"
+               "\nkeys every eviction policy takes (");
+    for (int i = 0, n = 0; kv_policy_at(i); i++)   /* those kv.c takes merge=1 on (spec_merge) */
+        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge && !kv_policy_at(i)->calib_full) fprintf(f, "%s%s", n++ ? ", " : "", kv_policy_at(i)->name);
+    fprintf(f, "):\n"
+               "  merge=0|1                 1: merge-on-evict: each victim is merged into the kept slot of its lane\n"
+               "                            whose key is most similar (cosine), weighted by the two slots'\n"
+               "                            accumulated attention (CaM, D2O); 4 B more per slot; default 0\n"
                "\nkeys every selection policy takes:\n"
                "  prompt=sparse|dense       sparse (default): every query selects; dense: the prompt's queries read\n"
                "                            every token (full attention, counted as full's reads) and only the later\n"
@@ -243,7 +252,7 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
         o->kv[o->n_kv++] = v;
     } else if (!strcmp(a, "-kvt")) {
         int ty = kv_type_parse(v);
-        if (ty < 0) return errorf(err, errlen, "unknown -kvt '%s'; types: f32, f16, bf16, q8, q4", v);
+        if (ty < 0) return errorf(err, errlen, "unknown -kvt '%s'; types: f32, f16, bf16, q8, q4, q2", v);
         o->kvt = (KVType)ty;
     } else if (!strcmp(a, "-kvlog")) { o->kvlog = v;
     } else if (!strcmp(a, "-calib")) { o->calib = v;

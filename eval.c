@@ -240,6 +240,55 @@ static double recall_topk(EvalCtx *e, const KVCache *c, const float *sp, int pos
     return sum / G;
 }
 
+/* ---- merge-on-evict's coverage (eval.h, EvalCover) ---- */
+
+int eval_cover_init(EvalCover *cv, int n_layers, int n_kv_heads, int ctx) {
+    memset(cv, 0, sizeof *cv);
+    cv->n_kv_heads = n_kv_heads;
+    cv->n_lanes = n_layers * n_kv_heads;
+    cv->ctx = ctx;
+    cv->next = malloc((size_t)cv->n_lanes * ctx * sizeof(int32_t));
+    cv->tail = malloc((size_t)cv->n_lanes * ctx * sizeof(int32_t));
+    if (!cv->next || !cv->tail) { eval_cover_free(cv); return -1; }
+    eval_cover_reset(cv);
+    return 0;
+}
+
+void eval_cover_free(EvalCover *cv) {
+    free(cv->next);
+    free(cv->tail);
+    memset(cv, 0, sizeof *cv);
+}
+
+void eval_cover_reset(EvalCover *cv) {
+    for (size_t i = 0; i < (size_t)cv->n_lanes * cv->ctx; i++) {
+        cv->next[i] = -1;
+        cv->tail[i] = (int32_t)(i % (size_t)cv->ctx);
+    }
+}
+
+void eval_cover_merge(EvalCover *cv, int lane, int v, int u) {
+    if (lane < 0 || lane >= cv->n_lanes || v < 0 || u < 0 || v >= cv->ctx || u >= cv->ctx || u == v) return;
+    int32_t *next = cv->next + (size_t)lane * cv->ctx, *tail = cv->tail + (size_t)lane * cv->ctx;
+    next[tail[u]] = v;
+    tail[u] = tail[v];
+}
+
+void eval_cover_event(void *ctx, const KVEvent *ev) {
+    EvalCover *cv = ctx;
+    if (ev->kind == KV_EV_MERGE && ev->into >= 0)
+        eval_cover_merge(cv, ev->layer * cv->n_kv_heads + ev->kv_head, ev->pos, ev->into);
+    if (cv->fn) cv->fn(cv->fn_ctx, ev);
+}
+
+double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p) {
+    const int32_t *next = cv->next + (size_t)lane * cv->ctx;
+    double r = 0;
+    for (int i = 0; i < n; i++)
+        for (int x = pos[i]; x >= 0 && x < cv->ctx; x = next[x]) r += p[x];
+    return r;
+}
+
 /* After a policy's layer l attended at pos < ctx: attention-mass recall = the share of the shadow's probability, from
  * the query heads of each group (mean over them), that falls on the positions the lane holds now; and the top-B
  * recall beside it. */
@@ -250,6 +299,21 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     int H = c->shape.n_heads, G = c->shape.n_kv_heads, group = H / G;
     const float *sp = e->shadow_prob + (size_t)(pos - e->pos0) * H * e->ctx;
     double sum = 0;
+    if (hc->r->cover.next) {   /* merge=1: every position each live slot covers (EvalCover) */
+        for (int g = 0; g < G; g++) {
+            double r = 0;
+            int n = kv_lane_positions(c, l, g, e->spans, c->budget);
+            for (int hh = 0; hh < group; hh++)
+                r += eval_cover_mass(&hc->r->cover, l * G + g, e->spans, n, sp + (size_t)(g * group + hh) * e->ctx);
+            hc->r->recall_lane[l * G + g] += r / group;
+            sum += r / group;
+        }
+        hc->r->recall[l] += sum / G;
+        hc->r->cur_recall[pos - e->pos0] += sum / G;
+        hc->r->recall_topk[l] += c->policy.budget <= pos ? recall_topk(e, c, sp, pos) : 1;
+        if (l == 0) hc->r->recall_n++;
+        return;
+    }
     if (c->merges || c->policy.ops->select) {   /* what the query read, as position ranges (kv_lane_read) */
         for (int g = 0; g < G; g++) {
             int n = kv_lane_read(c, l, g, e->spans, c->budget);
@@ -434,6 +498,7 @@ void policy_run_free(PolicyRun *r) {
     free(r->recall_topk);
     free(r->recall_lane);
     free(r->cur_recall);
+    eval_cover_free(&r->cover);
 }
 
 /* Each lane's mean recall over the steps counted, lane order (l * n_kv_heads + g), comma-separated; %.17g, so a
@@ -507,11 +572,21 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
         hooks[k] = (HookCtx){e, &runs[k]};
         runs[k].s.after_attn = runs[k].is_shadow ? shadow_hook : recall_hook;
         runs[k].s.hook_ctx = &hooks[k];
+        KVCache *c = &runs[k].cache;
+        if (c->merge_evict && !runs[k].cover.next) {   /* follow its merges, -kvlog's writer (if any) after */
+            if (eval_cover_init(&runs[k].cover, c->shape.n_layers, c->shape.n_kv_heads, ctx))
+                fatal("out of memory for the merge coverage of '%s' (%d tokens)", c->spec.text, ctx);
+            runs[k].cover.fn = c->on_event;
+            runs[k].cover.fn_ctx = c->event_ctx;
+            c->on_event = eval_cover_event;
+            c->event_ctx = &runs[k].cover;
+        }
     }
     for (int d = 0; d < n_docs && done < total && !run_signal; d++) {
         /* every cache, score and position restarts with each document */
         for (int k = 0; k < n_runs; k++) {
             kv_cache_reset(&runs[k].cache);
+            if (runs[k].cover.next) eval_cover_reset(&runs[k].cover);
             runs[k].alive = 1;
             runs[k].view = (IdList){docs[d].ids, docs[d].n, docs[d].n};
             runs[k].kvlog.doc = d;

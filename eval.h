@@ -48,6 +48,35 @@ EvalToken eval_token(const float *ref, double lse_ref, const float *x, double ls
  * one of fewer than 2 tokens. */
 int eval_choose_lanes(int *chosen, const double *recall, int n_lanes, double share);
 int *eval_calib(Model *m, const Options *o, int k);
+/* What the live slots of a merge-on-evict cache (merge=1) cover, for attention-mass recall (docs/DESIGN.md: a merged
+ * slot counts the positions it covers). Such a slot covers a SET of positions, its own and every victim merged into
+ * it (transitively), which need not be a range, so kv_lane_read's (first, last) spans cannot say it. The cache keeps
+ * no such record (it would grow with the stream and is evaluation's question, not the cache's memory): EvalCover
+ * follows the cache's merge events instead, per lane, for the positions below ctx (where recall is measured), as one
+ * linked list per slot: next[p], the next position covered by the slot p's list belongs to (-1: the last), and
+ * tail[p], the last position of the list headed by p. Merging the victim at v into the slot at position u appends
+ * v's list to u's, O(1); the slot at position p covers p, next[p], next[next[p]], ...; a list whose head left the
+ * cache is never walked again. Positions are a slot's `pos` (a merge-on-evict target keeps its own).
+ * eval_cover_init: for the n_layers * n_kv_heads lanes (lane = l * n_kv_heads + g) and positions 0..ctx-1, every
+ * position on its own; 0, or -1 out of memory.
+ * eval_cover_reset: every position on its own again (a new document). eval_cover_merge: the victim at position v of
+ * lane `lane` was merged into the slot at position u (both < ctx, else ignored: no recall is measured there).
+ * eval_cover_event: a KVEventFn (kv.h) that applies a cache's merge-on-evict events to the EvalCover ctx, then calls
+ * the observer the cache had before (fn, fn_ctx; e.g. -kvlog's writer) with every event.
+ * eval_cover_mass: Σ p[x] over every position x covered by the n live slots at positions pos[0..n) of lane `lane`
+ * (kv_lane_positions), p (ctx) one distribution over positions; the sum in the order of pos, each list in its order. */
+typedef struct {
+    int n_kv_heads, n_lanes, ctx;
+    int32_t *next, *tail;   /* (n_lanes, ctx) */
+    KVEventFn fn;           /* the cache's observer before eval_cover_event took its place, or NULL */
+    void *fn_ctx;
+} EvalCover;
+int eval_cover_init(EvalCover *cv, int n_layers, int n_kv_heads, int ctx);
+void eval_cover_free(EvalCover *cv);
+void eval_cover_reset(EvalCover *cv);
+void eval_cover_merge(EvalCover *cv, int lane, int v, int u);
+void eval_cover_event(void *ctx, const KVEvent *ev);
+double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p);
 /* SHA-256 (FIPS 180-4) of data as 64 hex digits and a NUL in hex. */
 void sha256_hex(const void *data, size_t len, char *hex);
 

@@ -45,6 +45,7 @@ typedef struct {
     IdList view;            /* ppl: the current document's token ids, for the log (not owned) */
     IdList asked;           /* passkey: every token fed since the question's cache reset, by position (owned) */
     KVBytes peak;           /* the largest allocation and live bytes seen */
+    EvalCover cover;        /* merge=1: what each live slot covers, for recall (next NULL: not followed) */
 } PolicyRun;
 /* The provenance of a job's records: text the digest of its input text so far (finalized on a copy). */
 void provenance_init(Provenance *pv, const Model *m, const Options *o, const Sha256 *text);

@@ -25,7 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-const char *const kv_type_names[KV_NTYPES] = {"f32", "f16", "bf16", "q8", "q4"};
+const char *const kv_type_names[KV_NTYPES] = {"f32", "f16", "bf16", "q8", "q4", "q2"};
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Storage types: the codec (layouts, rounding, error bounds) is kv_codec.h, shared with attn.cu's kernels; here are
@@ -57,6 +57,7 @@ void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
     case KV_BF16: encode_units(dst, KV_BF16, x, G, n); break;
     case KV_Q8: encode_units(dst, KV_Q8, x, G, n); break;
     case KV_Q4: encode_units(dst, KV_Q4, x, G, n); break;
+    case KV_Q2: encode_units(dst, KV_Q2, x, G, n); break;
     default: break;
     }
 }
@@ -76,6 +77,7 @@ void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
     case KV_BF16: decode_units(x, KV_BF16, src, G, 0, n); break;
     case KV_Q8: decode_units(x, KV_Q8, src, G, 0, n); break;
     case KV_Q4: decode_units(x, KV_Q4, src, G, 0, n); break;
+    case KV_Q2: decode_units(x, KV_Q2, src, G, 0, n); break;
     default: break;
     }
 }
@@ -151,8 +153,8 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
     return 0;
 }
 
-#define TYPE_CHOICES "f32, f16, bf16, q8, q4"
-#define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch"
+#define TYPE_CHOICES "f32, f16, bf16, q8, q4, q2"
+#define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch, kgroup, kgsize"
 
 /* fast=BYTES ("64MiB", "512KiB", "4096B", "4096") or fast=P% (0 < P <= 100, of the cache's vector bytes). 0, or -1. */
 static int parse_fast(KVSpec *sp, const char *val) {
@@ -254,7 +256,8 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
     /* each common key once; type= and ktype=/vtype= exclude each other in either order, and prec= (kprec=,
      * vprec=) excludes the keys that give the same kind's types */
     int seen_type = 0, seen_kv = 0, seen_res = 0, seen_pos = 0, seen_agg = 0, seen_prec = 0, seen_fast = 0,
-        seen_prefetch = 0;   /* seen_kv, seen_prec: bit 1 keys (ktype=, kprec=), 2 values (vtype=, vprec=), 4 both */
+        seen_prefetch = 0, seen_kgroup = 0, seen_kgsize = 0;
+    /* seen_kv, seen_prec: bit 1 keys (ktype=, kprec=), 2 values (vtype=, vprec=), 4 both */
     while ((part = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(part, '=');
         if (!eq || eq == part || !eq[1])
@@ -314,6 +317,20 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
                 return errorf(err, errlen, "bad prefetch=%s in '%s': 0 or 1", val, text);
             sp->prefetch = val[0] == '1';
             seen = &seen_prefetch;
+        } else if (!strcmp(key, "kgroup")) {
+            if (!strcmp(val, "token")) sp->kgroup_channel = 0;
+            else if (!strcmp(val, "channel")) sp->kgroup_channel = 1;
+            else return errorf(err, errlen, "unknown kgroup=%s in '%s'; choices: token (keys quantized per token, the "
+                               "default), channel (per channel over groups of kgsize tokens, KIVI)", val, text);
+            seen = &seen_kgroup;
+        } else if (!strcmp(key, "kgsize")) {
+            char *end;
+            long g = strtol(val, &end, 10);
+            if (*end || end == val || g < 1 || g > KV_KGSIZE_MAX)
+                return errorf(err, errlen, "bad kgsize=%s in '%s': tokens per key group, an integer in [1, %d]", val,
+                              text, KV_KGSIZE_MAX);
+            sp->kgsize = (int)g;
+            seen = &seen_kgsize;
         } else if (!strcmp(key, "agg")) {
             if (!strcmp(val, "mean")) sp->agg = AGG_MEAN;
             else if (!strcmp(val, "max")) sp->agg = AGG_MAX;
@@ -334,6 +351,9 @@ int kv_spec_parse(KVSpec *sp, const char *text, KVType default_type, char *err, 
             *seen = 1;
         }
     }
+    if (seen_kgsize && !sp->kgroup_channel)
+        return errorf(err, errlen, "kgsize= in '%s' sets the tokens of a per-channel key group: it needs "
+                      "kgroup=channel", text);
     return 0;
 }
 
@@ -388,10 +408,10 @@ static int kind_schedule(const KVSpec *sp, int which, KVType *ty, int *slots) {
  * 2 * KV_MAX_PREC - 1). */
 static int spec_bands(const KVSpec *sp, KVType *kt, KVType *vt, int *want) {
     KVType ty[2][KV_MAX_PREC];
-    int slots[2][KV_MAX_PREC], nb[2], idx[2] = {0, 0};
+    int slots[2][KV_MAX_PREC], idx[2] = {0, 0};   /* the last band of each kind has slots 0: end stays LONG_MAX */
     long end[2];   /* the slot count, newest first, where the current band of each kind ends; LONG_MAX: never */
     for (int w = 0; w < 2; w++) {
-        nb[w] = kind_schedule(sp, w, ty[w], slots[w]);
+        kind_schedule(sp, w, ty[w], slots[w]);
         end[w] = slots[w][0] ? slots[w][0] : LONG_MAX;
     }
     int m = 0;
@@ -424,47 +444,120 @@ static void band_sizes(int n_bands, const int *want, int cap, int *slots) {
 }
 
 /* Per-slot bytes other than vectors: position (int32; a second, pos0, when the policy merges), one live-list and one
- * free-list entry (int), policy meta. */
-static size_t slot_meta_bytes(size_t policy_meta, int merges) {
-    return (merges ? 2 : 1) * sizeof(int32_t) + 2 * sizeof(int) + policy_meta;
+ * free-list entry (int), policy meta, and with merge=1 (merge_w) the f32 accumulated attention mw. */
+static size_t slot_meta_bytes(size_t policy_meta, int merges, int merge_w) {
+    return (merges ? 2 : 1) * sizeof(int32_t) + 2 * sizeof(int) + policy_meta + (merge_w ? sizeof(float) : 0);
+}
+static size_t cache_slot_meta(const KVCache *c) { return slot_meta_bytes(c->meta_bytes, c->merges, c->merge_evict); }
+
+/* merge=1 in a spec (merge-on-evict), as given: 1, 0 (absent or merge=0), or -1 for another value (kv_cache_init says
+ * so); read without marking the key, for the byte formula. */
+static int spec_merge_value(const KVSpec *sp) {
+    const char *v = kv_spec_value(sp, "merge");
+    return !v || !strcmp(v, "0") ? 0 : !strcmp(v, "1") ? 1 : -1;
 }
 
-/* Allocated bytes of one lane of cap slots. */
-static size_t lane_alloc_bytes(int n_bands, const int *want, const size_t *kb, const size_t *vb, int cap,
-                               size_t slot_meta) {
+/* A per-channel key band (kgroup=channel) of `slots` rows in groups of G: besides each row's codes (its band_kb), each
+ * group's header (head_dim f16 scales, then head_dim f16 minimums) and the open group's f32 keys (min(G, slots)
+ * rows). Inside the band's key region (ln->k[b]) the codes come first, then the headers, then the open buffer, each
+ * part starting 16-byte aligned (the padding is not cache memory and is not counted). */
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
+static int chan_groups(int slots, int G) { return (slots + G - 1) / G; }
+static size_t chan_hdr_bytes(int hd) { return (size_t)4 * hd; }
+static int chan_open_rows(int slots, int G) { return slots < G ? slots : G; }
+static size_t chan_hdr_off(size_t kb, int slots) { return align16((size_t)slots * kb); }
+static size_t chan_open_off(size_t kb, int slots, int G, int hd) {
+    return chan_hdr_off(kb, slots) + align16((size_t)chan_groups(slots, G) * chan_hdr_bytes(hd));
+}
+/* The bytes a per-channel band holds beyond its rows' codes and values: headers and the open buffer. */
+static size_t chan_extra_bytes(int slots, int G, int hd) {
+    return (size_t)chan_groups(slots, G) * chan_hdr_bytes(hd) + (size_t)chan_open_rows(slots, G) * hd * sizeof(float);
+}
+
+/* Bytes of one stored key of band type ty: per token kv_vector_bytes; per channel (chan) its codes only. */
+static size_t band_key_bytes(KVType ty, int chan, int hd) {
+    return chan ? (size_t)kv_chan_code_bytes(kv_type_bits(ty), hd) : kv_vector_bytes(ty, hd);
+}
+
+/* Allocated bytes of one lane of cap slots; chan[b]: band b's keys are per channel, in groups of G tokens. */
+static size_t lane_alloc_bytes(int n_bands, const int *want, const size_t *kb, const size_t *vb, const int *chan, int G,
+                               int hd, int cap, size_t slot_meta) {
     int slots[KV_MAX_BANDS];
     band_sizes(n_bands, want, cap, slots);
     size_t bytes = (size_t)cap * slot_meta;
-    for (int b = 0; b < n_bands; b++) bytes += (size_t)slots[b] * (kb[b] + vb[b]);
+    for (int b = 0; b < n_bands; b++) {
+        bytes += (size_t)slots[b] * (kb[b] + vb[b]);
+        if (chan[b] && slots[b]) bytes += chan_extra_bytes(slots[b], G, hd);
+    }
     return bytes;
 }
 
+/* G, the tokens of a per-channel key group of a spec (0: kgroup=token). */
+static int spec_kgroup(const KVSpec *sp) {
+    return sp->kgroup_channel ? (sp->kgsize ? sp->kgsize : KV_KGSIZE_DEFAULT) : 0;
+}
+
 size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps *ops, int budget) {
-    int slots = ops && ops->grows ? s->seq_len : budget, want[KV_MAX_BANDS];
+    int slots = ops && ops->grows ? s->seq_len : budget, want[KV_MAX_BANDS], chan[KV_MAX_BANDS], G = spec_kgroup(sp);
     KVType kt[KV_MAX_BANDS], vt[KV_MAX_BANDS];
     size_t kb[KV_MAX_BANDS], vb[KV_MAX_BANDS];
     int nb = spec_bands(sp, kt, vt, want);
-    for (int b = 0; b < nb; b++) { kb[b] = kv_vector_bytes(kt[b], s->head_dim); vb[b] = kv_vector_bytes(vt[b], s->head_dim); }
+    for (int b = 0; b < nb; b++) {
+        chan[b] = G && kv_type_bits(kt[b]);
+        kb[b] = band_key_bytes(kt[b], chan[b], s->head_dim);
+        vb[b] = kv_vector_bytes(vt[b], s->head_dim);
+    }
     size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
-    size_t lane = lane_alloc_bytes(nb, want, kb, vb, slots, slot_meta_bytes(pol, ops && ops->merge));
+    size_t lane = lane_alloc_bytes(nb, want, kb, vb, chan, G, s->head_dim, slots,
+                                   slot_meta_bytes(pol, ops && ops->merge, spec_merge_value(sp) == 1));
     return (size_t)s->n_layers * s->n_kv_heads * lane;
 }
 
 static size_t band_pair_bytes(const KVCache *c, int b) { return c->band_kb[b] + c->band_vb[b]; }
 
+/* Rows of group j of band b in lane ln (G, or fewer for a short last group), and how many hold a live token. */
+static int chan_group_rows(const KVCache *c, const KVLane *ln, int b, int j) {
+    int left = ln->band_slots[b] - j * c->kgroup;
+    return left < c->kgroup ? left : c->kgroup;
+}
+static int chan_group_live(const KVCache *c, const KVLane *ln, int b, int j) {
+    int s0 = ln->band_first[b] + j * c->kgroup, n = 0, rows = chan_group_rows(c, ln, b, j);
+    for (int r = 0; r < rows; r++) n += ln->pos[s0 + r] >= 0;
+    return n;
+}
+/* Live key bytes of group j of a per-channel band when n of its rows hold tokens: f32 keys while it is open, codes
+ * and the header once sealed, nothing when empty. */
+static size_t chan_live_bytes(const KVCache *c, const KVLane *ln, int b, int j, int n) {
+    if (n == 0) return 0;
+    int hd = c->shape.head_dim;
+    if (ln->kopen[b] == j) return (size_t)n * hd * sizeof(float);
+    return (size_t)n * c->band_kb[b] + chan_hdr_bytes(hd);
+}
+/* Live bytes of band b's keys, every group summed (per channel bands only). */
+static size_t chan_band_live(const KVCache *c, const KVLane *ln, int b) {
+    size_t bytes = 0;
+    for (int j = 0; j < chan_groups(ln->band_slots[b], c->kgroup); j++)
+        bytes += chan_live_bytes(c, ln, b, j, chan_group_live(c, ln, b, j));
+    return bytes;
+}
+
 static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     KVBytes b = {0};
-    size_t meta = slot_meta_bytes(c->meta_bytes, c->merges);
+    size_t meta = cache_slot_meta(c);
     for (int x = 0; x < c->n_bands; x++) {
+        int live = ln->band_slots[x] - ln->n_free[x];
         b.vec_alloc += (size_t)ln->band_slots[x] * band_pair_bytes(c, x);
-        b.vec_live += (size_t)(ln->band_slots[x] - ln->n_free[x]) * band_pair_bytes(c, x);
+        if (!c->band_kchan[x]) { b.vec_live += (size_t)live * band_pair_bytes(c, x); continue; }
+        if (ln->band_slots[x]) b.vec_alloc += chan_extra_bytes(ln->band_slots[x], c->kgroup, c->shape.head_dim);
+        b.vec_live += (size_t)live * c->band_vb[x] + chan_band_live(c, ln, x);
     }
     b.meta_alloc = (size_t)ln->cap * meta;
     b.meta_live = (size_t)ln->n_live * meta;
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
-    /* bytes per element of the base (last band's) types: f32 4, f16/bf16 2, q8 1, q4 0.5; in eighths, integral */
-    static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4};
+    /* bytes per element of the base (last band's) types: f32 4, f16/bf16 2, q8 1, q4 0.5, q2 0.25; in eighths,
+       integral */
+    static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4, 2};
     b.formula_alloc = (size_t)c->shape.head_dim * ln->cap * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
     return b;
 }
@@ -474,10 +567,11 @@ KVBytes kv_lane_bytes(const KVCache *c, int l, int g) {
     KVBytes b = lane_bytes(c, ln);
     /* the lane's peak in bytes: its peak slots, filling the bands newest first */
     int left = ln->peak_live;
-    b.peak_live = (size_t)ln->peak_live * slot_meta_bytes(c->meta_bytes, c->merges);
+    b.peak_live = (size_t)ln->peak_live * cache_slot_meta(c);
     for (int x = 0; x < c->n_bands; x++) {
         int s = left < ln->band_slots[x] ? left : ln->band_slots[x];
         b.peak_live += (size_t)s * band_pair_bytes(c, x);
+        if (c->band_kchan[x]) b.peak_live += (size_t)chan_groups(s, c->kgroup) * chan_hdr_bytes(c->shape.head_dim);
         left -= s;
     }
     return b;
@@ -498,36 +592,39 @@ KVBytes kv_bytes(const KVCache *c) {
     return b;
 }
 
-/* Bytes of one live token in band b: its vectors and its per-slot metadata. */
+/* Bytes of one live token in band b: its vectors and its per-slot metadata; in a per-channel band its value only, its
+ * key being counted with its group (chan_live_bytes). */
 static size_t token_bytes(const KVCache *c, int b) {
-    return band_pair_bytes(c, b) + slot_meta_bytes(c->meta_bytes, c->merges);
+    return (c->band_kchan[b] ? c->band_vb[b] : band_pair_bytes(c, b)) + cache_slot_meta(c);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
  * The cache
  * ------------------------------------------------------------------------------------------------------------- */
 
-static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
-
 /* The arena bytes of one lane of cap slots, each array 16-byte aligned (the padding is not cache memory and is not
  * counted). With `base`, the lane's arrays are carved from it as well. */
 static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
     int hd = c->shape.head_dim, slots[KV_MAX_BANDS];
-    (void)hd;
     band_sizes(c->n_bands, c->band_want, cap, slots);
     size_t off = 0;
 #define CARVE(ptr, type, bytes) do { if (base) (ptr) = (type)(void *)(base + off); off += align16(bytes); } while (0)
-    if (base) { ln->cap = cap; ln->pos0 = NULL; }
+    if (base) { ln->cap = cap; ln->pos0 = NULL; ln->mw = NULL; }
     CARVE(ln->pos, int32_t *, (size_t)cap * sizeof(int32_t));
     CARVE(ln->live, int *, (size_t)cap * sizeof(int));
     if (c->merges) CARVE(ln->pos0, int32_t *, (size_t)cap * sizeof(int32_t));
+    if (c->merge_evict) CARVE(ln->mw, float *, (size_t)cap * sizeof(float));
     CARVE(ln->meta, uint8_t *, (size_t)cap * c->meta_bytes);
     int first = cap;
     for (int b = 0; b < c->n_bands; b++) {
         first -= slots[b];
         if (base) { ln->band_first[b] = first; ln->band_slots[b] = slots[b]; }
         CARVE(ln->free[b], int *, (size_t)slots[b] * sizeof(int));
-        CARVE(ln->k[b], uint8_t *, (size_t)slots[b] * c->band_kb[b]);
+        size_t kbytes = (size_t)slots[b] * c->band_kb[b];   /* per channel: codes, headers, the open buffer */
+        if (c->band_kchan[b] && slots[b])
+            kbytes = chan_open_off(c->band_kb[b], slots[b], c->kgroup, hd)
+                     + (size_t)chan_open_rows(slots[b], c->kgroup) * hd * sizeof(float);
+        CARVE(ln->k[b], uint8_t *, kbytes);
         CARVE(ln->v[b], uint8_t *, (size_t)slots[b] * c->band_vb[b]);
     }
 #undef CARVE
@@ -556,6 +653,40 @@ static int spec_prompt(KVCache *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* The eviction policies merge=1 works on, comma-separated: ops->evicts, no merge rule of their own, and no lane
+ * choice by calibration (duo ranks lanes by their streaming form's recall, which merging makes 1 in every lane). */
+static void eviction_names(char *names, size_t len) {
+    names[0] = 0;
+    for (int i = 0; kv_policy_at(i); i++)
+        if (kv_policy_at(i)->evicts && !kv_policy_at(i)->merge && !kv_policy_at(i)->calib_full)
+            snprintf(names + strlen(names), len - strlen(names), "%s%s", *names ? ", " : "", kv_policy_at(i)->name);
+}
+
+/* merge=0|1, the key every eviction policy takes (merge-on-evict, lane_evict): c->merge_evict. 0, or -1 + message
+ * (another value; a policy that does not evict, or that merges by its own rule). */
+static int spec_merge(KVCache *c, const KVPolicyOps *ops, char *err, size_t errlen) {
+    const char *v = kv_spec_get(&c->spec, "merge");
+    if (!v) return 0;
+    char names[160];
+    eviction_names(names, sizeof names);
+    if (strcmp(v, "0") && strcmp(v, "1"))
+        return errorf(err, errlen, "bad merge=%s in '%s': 0 or 1 (1: merge-on-evict, each victim merged into its most "
+                      "similar kept slot)", v, c->spec.text);
+    if (ops->merge)
+        return errorf(err, errlen, "'%s': %s merges by its own rule already (adjacent tokens), so it takes no merge=; "
+                      "merge=1 (merge-on-evict) is for the eviction policies: %s", c->spec.text, c->spec.name, names);
+    if (ops->calib_full)
+        return errorf(err, errlen, "'%s': %s chooses its full lanes by the recall of their streaming form on -calib "
+                      "FILE, and with merge=1 every position stays covered, so every lane's recall would be 1 and the "
+                      "choice empty: merge=1 is for the eviction policies: %s", c->spec.text, c->spec.name, names);
+    if (!ops->evicts)
+        return errorf(err, errlen, "'%s': %s never evicts (its lanes stop at -c), so merge=1 (merge-on-evict) would "
+                      "have no victim to merge: it is for the eviction policies: %s", c->spec.text, c->spec.name,
+                      names);
+    c->merge_evict = v[0] == '1';
+    return 0;
+}
+
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen) {
     return kv_cache_init_lanes(c, shape, spec, NULL, err, errlen);
 }
@@ -572,6 +703,7 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
                       shape->n_heads, shape->n_kv_heads);
     if (shape->head_dim < 2 || shape->head_dim % 2)
         return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", shape->head_dim);
+    if (spec_merge(c, ops, err, errlen)) return -1;
     int budget = spec->budget;
     if (spec->budget_bytes) {
         if (ops->select)
@@ -603,6 +735,9 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
         budget = shape->seq_len;
     }
     if (budget < 1) return errorf(err, errlen, "'%s': no budget and no context length", spec->text);
+    if (c->merge_evict && budget < 2)
+        return errorf(err, errlen, "'%s': merge=1 merges a victim into another kept slot, which a lane of one slot "
+                      "never has: use a budget >= 2", spec->text);
     /* slots per lane: the budget; snapkv's lanes grow to -c after its compression (or stay at a larger budget); a
        selection policy's lanes hold every token up to -c whatever it reads (a budget above -c reads them all) */
     int n_lanes = shape->n_layers * shape->n_kv_heads;
@@ -623,10 +758,23 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
         }
     }
     c->n_bands = spec_bands(spec, c->band_ktype, c->band_vtype, c->band_want);
+    int G = spec_kgroup(spec), any_chan = 0;
     for (int b = 0; b < c->n_bands; b++) {
-        c->band_kb[b] = kv_vector_bytes(c->band_ktype[b], shape->head_dim);
+        c->band_kchan[b] = G && kv_type_bits(c->band_ktype[b]);
+        any_chan |= c->band_kchan[b];
+        c->band_kb[b] = band_key_bytes(c->band_ktype[b], c->band_kchan[b], shape->head_dim);
         c->band_vb[b] = kv_vector_bytes(c->band_vtype[b], shape->head_dim);
     }
+    if (G && !any_chan)
+        return errorf(err, errlen, "'%s': kgroup=channel quantizes keys per channel, but no band of it has quantized "
+                      "keys: give a q8, q4 or q2 key type (type=, ktype= or prec=)", spec->text);
+    int merge_on_evict = spec_merge_value(spec) == 1;
+    if (G && (ops->merge || merge_on_evict || ops->select || spec->fast_bytes || spec->fast_frac > 0))
+        return errorf(err, errlen, "'%s': kgroup=channel is not supported with %s yet; it takes eviction-family "
+                      "policies (full, window, sink, h2o, ...) in one memory tier", spec->text,
+                      ops->merge ? "a merging policy" : merge_on_evict ? "merge-on-evict (merge=1)"
+                      : ops->select ? "a selection policy" : "memory tiers (fast=)");
+    c->kgroup = G;
     c->spec.ktype = c->band_ktype[c->n_bands - 1];   /* the base type (prec='s last band) */
     c->spec.vtype = c->band_vtype[c->n_bands - 1];
     c->residual = c->n_bands == 2 && c->band_ktype[0] == KV_F32 && c->band_vtype[0] == KV_F32
@@ -639,7 +787,8 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     c->policy.n_kv_heads = shape->n_kv_heads;
     c->policy.n_heads = shape->n_heads;
     c->policy.agg = spec->agg;
-    c->policy.keys_fixed = c->n_bands == 1 && !ops->evicts && !ops->prune && !ops->merge;
+    /* (a per-channel key changes when its group seals) */
+    c->policy.keys_fixed = c->n_bands == 1 && !ops->evicts && !ops->prune && !ops->merge && !G;
     c->meta_bytes = ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(&c->spec, budget) : 0;
     c->policy.meta_bytes = c->meta_bytes;
     if (ops->init && ops->init(&c->policy, &c->spec, shape, budget, err, errlen)) {
@@ -681,12 +830,13 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     c->sel_score = calloc((size_t)B, sizeof(float));
     c->read_rank = calloc((size_t)shape->n_kv_heads * B, sizeof(int));
     c->read_n = calloc((size_t)shape->n_kv_heads, sizeof(int));
+    if (G) c->kgbuf = malloc((size_t)G * hd * sizeof(float));
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
     c->rope_t = calloc((size_t)hd, sizeof(float));
     c->rope_t_pos = -1;
     if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->ktbuf || !c->vbuf || !c->qbuf
         || !c->vptr || !c->victim_buf || !c->run_buf || !c->score_buf || !c->sel_score || !c->read_rank
-        || !c->read_n || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t) {
+        || !c->read_n || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t || (G && !c->kgbuf)) {
         size_t want = c->arena_bytes;
         kv_cache_free(c);
         return errorf(err, errlen, "cannot allocate the KV cache of '%s': %d slot%s per lane x %d lanes = %.2f GiB; "
@@ -708,11 +858,13 @@ void kv_cache_reset(KVCache *c) {
         KVLane *ln = &c->lanes[i];
         ln->n_live = 0;
         for (int b = 0; b < c->n_bands; b++) {   /* each band pops its slots in increasing order */
+            ln->kopen[b] = -1;
             ln->n_free[b] = ln->band_slots[b];
             for (int s = 0; s < ln->band_slots[b]; s++) ln->free[b][s] = ln->band_first[b] + ln->band_slots[b] - 1 - s;
         }
         for (int s = 0; s < ln->cap; s++) ln->pos[s] = -1;
         if (ln->pos0) for (int s = 0; s < ln->cap; s++) ln->pos0[s] = -1;
+        if (ln->mw) memset(ln->mw, 0, (size_t)ln->cap * sizeof(float));
         memset(ln->meta, 0, (size_t)ln->cap * c->meta_bytes);
     }
     for (int g = 0; g < c->shape.n_kv_heads; g++) c->read_n[g] = -1;
@@ -730,7 +882,7 @@ void kv_cache_free(KVCache *c) {
     free(c->vbuf); free(c->qbuf); free(c->vptr);
     free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->run_buf); free(c->score_buf);
-    free(c->sel_score); free(c->read_rank); free(c->read_n);
+    free(c->sel_score); free(c->read_rank); free(c->read_n); free(c->kgbuf);
     kv_tier_free(c);
     memset(c, 0, sizeof *c);
 }
@@ -752,6 +904,7 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
         d->n_live = s->n_live;
         d->peak_live = s->peak_live;
         memcpy(d->n_free, s->n_free, sizeof d->n_free);
+        memcpy(d->kopen, s->kopen, sizeof d->kopen);
     }
     if (src->policy.state_bytes) memcpy(dst->policy.state, src->policy.state, src->policy.state_bytes);
     dst->policy.prompt_len = src->policy.prompt_len;
@@ -806,9 +959,145 @@ static void policy_bug(const KVCache *c, const char *verb, int l, int g, int ran
 
 static void emit(KVCache *c, KVEventKind kind, int t, int l, int g, int pos, int pos0, int n, int band, double score) {
     if (!c->on_event) return;
-    KVEvent ev = {kind, t, l, g, pos, pos0, n, band, band >= 0 ? c->band_ktype[band] : KV_F32,
+    KVEvent ev = {kind, t, l, g, pos, pos0, n, -1, band, band >= 0 ? c->band_ktype[band] : KV_F32,
                   band >= 0 ? c->band_vtype[band] : KV_F32, score, kind == KV_EV_EVICT ? c->policy.ops->reason : ""};
     c->on_event(c->event_ctx, &ev);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Per-channel keys (kgroup=channel; kv.h states the rules): a band's rows in groups of G, the open group's keys in
+ * f32, a sealed group's keys as codes against per-channel scales and minimums.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static uint8_t *chan_codes(const KVCache *c, const KVLane *ln, int b, int r) {   /* row r's codes */
+    return ln->k[b] + (size_t)r * c->band_kb[b];
+}
+static uint8_t *chan_hdr(const KVCache *c, const KVLane *ln, int b, int j) {     /* group j's scales, minimums */
+    return ln->k[b] + chan_hdr_off(c->band_kb[b], ln->band_slots[b]) + (size_t)j * chan_hdr_bytes(c->shape.head_dim);
+}
+static float *chan_open_row(const KVCache *c, const KVLane *ln, int b, int r) {   /* row r of the open group, f32 */
+    int hd = c->shape.head_dim;
+    uint8_t *open = ln->k[b] + chan_open_off(c->band_kb[b], ln->band_slots[b], c->kgroup, hd);
+    return (float *)(void *)open + (size_t)(r % c->kgroup) * hd;
+}
+
+/* Row r of a sealed group decoded into x (head_dim): x_e = d_e·q_e + m_e, kv_codec.h's q4 arithmetic per channel. */
+static void chan_decode(const KVCache *c, const KVLane *ln, int b, int r, float *x) {
+    int hd = c->shape.head_dim;
+    const uint8_t *q = chan_codes(c, ln, b, r), *h = chan_hdr(c, ln, b, r / c->kgroup);
+    float d[hd], m[hd];
+    kv_decode(d, KV_F16, h, hd);
+    kv_decode(m, KV_F16, h + 2 * hd, hd);
+    switch (kv_type_bits(c->band_ktype[b])) {   /* a constant width in each loop */
+    case 8: for (int e = 0; e < hd; e++) x[e] = kv_add_rn(kv_mul_rn(d[e], (float)kv_chan_code(q, 8, e)), m[e]); break;
+    case 4: for (int e = 0; e < hd; e++) x[e] = kv_add_rn(kv_mul_rn(d[e], (float)kv_chan_code(q, 4, e)), m[e]); break;
+    default: for (int e = 0; e < hd; e++) x[e] = kv_add_rn(kv_mul_rn(d[e], (float)kv_chan_code(q, 2, e)), m[e]); break;
+    }
+}
+
+const float *kv_chan_key(const KVCache *c, const KVLane *ln, int b, int slot, float *x) {
+    int r = slot - ln->band_first[b];
+    if (ln->kopen[b] == r / c->kgroup) return chan_open_row(c, ln, b, r);
+    chan_decode(c, ln, b, r, x);
+    return x;
+}
+
+/* Row r's codes of x (head_dim) against its group's scales and minimums (kv_code: rounded, clamped to the codes). */
+static void chan_encode_row(const KVCache *c, const KVLane *ln, int b, int r, const float *x) {
+    int hd = c->shape.head_dim, bits = kv_type_bits(c->band_ktype[b]), qmax = (1 << bits) - 1, per = 8 / bits;
+    uint8_t *q = chan_codes(c, ln, b, r);
+    const uint8_t *h = chan_hdr(c, ln, b, r / c->kgroup);
+    float d[hd], m[hd];
+    kv_decode(d, KV_F16, h, hd);
+    kv_decode(m, KV_F16, h + 2 * hd, hd);
+    memset(q, 0, c->band_kb[b]);
+    for (int e = 0; e < hd; e++) q[e / per] |= (uint8_t)(kv_code(x[e], m[e], d[e], qmax) << (bits * (e % per)));
+}
+
+/* 1 when x (head_dim) lies within every channel's code range [m, m + qmax·d] of group j: coded with the group's
+ * scales it is then within d/2 of each element. */
+static int chan_fits(const KVCache *c, const KVLane *ln, int b, int j, const float *x) {
+    int hd = c->shape.head_dim, qmax = (1 << kv_type_bits(c->band_ktype[b])) - 1;
+    const uint8_t *h = chan_hdr(c, ln, b, j);
+    float d[hd], m[hd];
+    kv_decode(d, KV_F16, h, hd);
+    kv_decode(m, KV_F16, h + 2 * hd, hd);
+    for (int e = 0; e < hd; e++)
+        if (!(x[e] >= m[e] && (double)x[e] <= (double)m[e] + qmax * (double)d[e])) return 0;
+    return 1;
+}
+
+/* Quantize group j over its live rows: per channel the minimum and scale of the rows' keys (src: the group's rows,
+ * head_dim each, row i = the group's i-th), then every live row's codes. */
+static void chan_quantize(KVCache *c, KVLane *ln, int b, int j, const float *src) {
+    int hd = c->shape.head_dim, rows = chan_group_rows(c, ln, b, j), s0 = ln->band_first[b] + j * c->kgroup;
+    int qmax = (1 << kv_type_bits(c->band_ktype[b])) - 1;
+    uint8_t *h = chan_hdr(c, ln, b, j);
+    for (int e = 0; e < hd; e++) {
+        float mn = INFINITY, mx = -INFINITY;
+        for (int i = 0; i < rows; i++)
+            if (ln->pos[s0 + i] >= 0) {
+                mn = fminf(mn, src[(size_t)i * hd + e]);
+                mx = fmaxf(mx, src[(size_t)i * hd + e]);
+            }
+        if (mn > mx) return;   /* no live row: nothing to code */
+        uint16_t mh, dh;
+        kv_minscale(mn, mx, qmax, &mh, &dh);
+        kv_put16(h + 2 * e, dh);
+        kv_put16(h + 2 * hd + 2 * e, mh);
+    }
+    for (int i = 0; i < rows; i++)
+        if (ln->pos[s0 + i] >= 0) chan_encode_row(c, ln, b, j * c->kgroup + i, src + (size_t)i * hd);
+}
+
+/* Key x (head_dim) into the free row of slot s of per-channel band b, s now holding a token (ln->pos[s] set): into
+ * the open group (sealed when that fills it), else coded against its sealed group, re-quantized when x does not fit
+ * (kv.h). Counts the group's bytes. */
+static void chan_put(KVCache *c, KVLane *ln, int b, int s, const float *x) {
+    int hd = c->shape.head_dim, G = c->kgroup, r = s - ln->band_first[b], j = r / G, n = chan_group_live(c, ln, b, j);
+    size_t before = chan_live_bytes(c, ln, b, j, n - 1);
+    if (n == 1 && ln->kopen[b] < 0) ln->kopen[b] = j;   /* an empty group opens */
+    if (ln->kopen[b] == j) {
+        memcpy(chan_open_row(c, ln, b, r), x, (size_t)hd * sizeof(float));
+        if (n == chan_group_rows(c, ln, b, j)) {   /* full: seal it */
+            chan_quantize(c, ln, b, j, chan_open_row(c, ln, b, j * G));
+            ln->kopen[b] = -1;
+        }
+    } else if (n > 1 && chan_fits(c, ln, b, j, x)) chan_encode_row(c, ln, b, r, x);
+    else {   /* re-quantize the group with x, its other live keys decoded */
+        int s0 = ln->band_first[b] + j * G, rows = chan_group_rows(c, ln, b, j);
+        for (int i = 0; i < rows; i++)
+            if (ln->pos[s0 + i] >= 0 && s0 + i != s) chan_decode(c, ln, b, j * G + i, c->kgbuf + (size_t)i * hd);
+        memcpy(c->kgbuf + (size_t)(r % G) * hd, x, (size_t)hd * sizeof(float));
+        chan_quantize(c, ln, b, j, c->kgbuf);
+    }
+    c->live_bytes = c->live_bytes - before + chan_live_bytes(c, ln, b, j, n);
+}
+
+/* Slot s of per-channel band b was freed (ln->pos[s] = -1 already): the other keys of its group keep their bits;
+ * counts the group's bytes. */
+static void chan_release(KVCache *c, KVLane *ln, int b, int s) {
+    int j = (s - ln->band_first[b]) / c->kgroup, n = chan_group_live(c, ln, b, j);
+    c->live_bytes = c->live_bytes - chan_live_bytes(c, ln, b, j, n + 1) + chan_live_bytes(c, ln, b, j, n);
+}
+
+/* A free slot of band b, taken off its stack: the top one; in a per-channel band the best by kv.h's order (a row of
+ * the open group, else of an empty group, else any: a hole in a sealed group). While a lane fills, the top is the
+ * open group's next row, so the search is rare. */
+static int band_pop(const KVCache *c, KVLane *ln, int b) {
+    int n = ln->n_free[b], pick = n - 1;
+    if (c->band_kchan[b]) {
+        int G = c->kgroup, best = 3, floor = ln->kopen[b] >= 0 ? 0 : 1;
+        for (int i = n - 1; i >= 0 && best > floor; i--) {
+            int j = (ln->free[b][i] - ln->band_first[b]) / G;
+            int rank = j == ln->kopen[b] ? 0 : chan_group_live(c, ln, b, j) == 0 ? 1 : 2;
+            if (rank < best) { best = rank; pick = i; }
+        }
+        int t = ln->free[b][pick];
+        ln->free[b][pick] = ln->free[b][n - 1];
+        ln->free[b][n - 1] = t;
+    }
+    return ln->free[b][--ln->n_free[b]];
 }
 
 /* Mark slot s free (band's stack, bytes); the live list is compacted by lane_compact. */
@@ -818,6 +1107,7 @@ static void slot_release(KVCache *c, KVLane *ln, int s) {
     if (ln->pos0) ln->pos0[s] = -1;
     ln->free[b][ln->n_free[b]++] = s;
     c->live_bytes -= token_bytes(c, b);
+    if (c->band_kchan[b]) chan_release(c, ln, b, s);
     kv_tier_release(c, (int)(ln - c->lanes), s);
 }
 
@@ -832,30 +1122,130 @@ static void lane_compact(KVCache *c, int lane, KVLane *ln) {
     ln->n_live = w;
 }
 
-/* evict: free the n ranks the policy named, reporting each to the event log. */
+/* The stored vector of slot s as f32 (keys as stored: rotated under pos=orig, pre-RoPE under pos=cache). */
+static void slot_read(const KVCache *c, const KVLane *ln, int s, int is_v, float *x) {
+    int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
+    if (!is_v && c->band_kchan[b]) {
+        const float *k = kv_chan_key(c, ln, b, s, x);
+        if (k != x) memcpy(x, k, (size_t)c->shape.head_dim * sizeof(float));
+    } else if (is_v) kv_decode(x, c->band_vtype[b], ln->v[b] + (size_t)row * c->band_vb[b], c->shape.head_dim);
+    else kv_decode(x, c->band_ktype[b], ln->k[b] + (size_t)row * c->band_kb[b], c->shape.head_dim);
+}
+
+/* Slot s's key or value from x; a per-channel key goes through chan_put, so s must hold its token already (pos). */
+static void slot_write(KVCache *c, KVLane *ln, int s, int is_v, const float *x) {
+    int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
+    if (!is_v && c->band_kchan[b]) chan_put(c, ln, b, s, x);
+    else if (is_v) kv_encode(ln->v[b] + (size_t)row * c->band_vb[b], c->band_vtype[b], x, c->shape.head_dim);
+    else kv_encode(ln->k[b] + (size_t)row * c->band_kb[b], c->band_ktype[b], x, c->shape.head_dim);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Merge-on-evict (merge=1, any eviction policy): the victim the policy names is merged into the kept slot of its lane
+ * whose key is most similar, instead of being freed alone. The rule combines two papers:
+ *   D2O (Wan et al. 2024, "D2O: Dynamic Discriminative Operations for Efficient Generative Inference of Large
+ *   Language Models", arXiv:2406.13035, its token-level merging): each evicted token is matched to the kept token of highest key
+ *   cosine similarity. D2O merges only when that similarity passes a threshold it tracks as a moving average, and
+ *   weighs the pair by their similarity;
+ *   CaM (Zhang et al., ICML 2024, "CaM: Cache Merging for Memory-efficient LLMs Inference"): the evicted token's
+ *   attention decides how much of it is merged. CaM merges only the value, into the tokens after the victim, with a
+ *   probability sampled from the attention ratio.
+ * kvlab's rule is deterministic: every victim is merged (no threshold, no sampling), key and value alike, into the
+ * kept slot of highest cosine (D2O's target), as the weighted average (w_v·x_v + w_t·x_t) / (w_v + w_t) with w each
+ * slot's accumulated attention (CaM's signal, as a weight): the group-mean probabilities summed over every step the
+ * slot was read (KVLane.mw, kept by the cache whatever the policy scores, so it works for sink and window too; a
+ * merged slot's weight is the sum of its tokens', w_t += w_v), equal weights when both are 0.
+ *   keys      as stored, decoded to f32: under pos=orig rotated by their positions (the merged key is then the
+ *             weighted mean of rotated keys, so its score is the weighted mean of the two scores: exact for queries'
+ *             dot products, but a softmax of a mean is not the mean of the probabilities); under pos=cache before
+ *             RoPE, rotated later by the target's rank (the victim's offset is lost);
+ *   cosine    in double from the f32 keys, d in order; a key of norm 0 has cosine 0 with every key; ties go to the
+ *             oldest rank;
+ *   targets   every live slot of the lane but the victims of this eviction (the token being stored is not stored
+ *             yet): sinks and the newest tokens included, so protection decides who leaves, not who receives. A
+ *             victim with no candidate (every live slot a victim: scissorhands freeing a whole lane) is freed alone;
+ *   storage   each vector decoded from its own band's form, averaged in f32 (each operation rounded, none fused),
+ *             encoded into the target's slot in the target's form (its band and type do not change);
+ *   what stays the target keeps its position, band, tier and policy metadata (a policy's score stays the target's:
+ *             the cache does not know its meaning); it covers the victim's positions for recall (eval.c);
+ *   reads     the similarity pass reads every live key and the merge the two values: counted in bytes_read (the
+ *             method's cost per step); with a fast tier these reads are made where the slots lie (no move counted),
+ *             as a recode's are.
+ * Several victims at once (scissorhands' drop=M) merge in the order the policy named them, each into a slot that is
+ * not a victim, as it stands after the merges before it.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* The candidate rank (skip[i] == 0) whose key is most similar to rank v's by cosine, as the rule above says; its
+ * cosine in *cosine. -1 when there is none. Counts the keys it reads. */
+static int merge_target(KVCache *c, const KVLane *ln, int v, const int *skip, double *cosine) {
+    int hd = c->shape.head_dim, best = -1;
+    float xv[hd], x[hd];
+    slot_read(c, ln, ln->live[v], 0, xv);
+    c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[v])];
+    double nv = 0;
+    for (int d = 0; d < hd; d++) nv += (double)xv[d] * xv[d];
+    for (int i = 0; i < ln->n_live; i++) {
+        if (skip[i]) continue;
+        slot_read(c, ln, ln->live[i], 0, x);
+        c->bytes_read += c->band_kb[kv_slot_band(ln, ln->live[i])];
+        double dot = 0, nx = 0;
+        for (int d = 0; d < hd; d++) { dot += (double)xv[d] * x[d]; nx += (double)x[d] * x[d]; }
+        double cs = nv > 0 && nx > 0 ? dot / sqrt(nv * nx) : 0;
+        if (best < 0 || cs > *cosine) { best = i; *cosine = cs; }
+    }
+    return best;
+}
+
+/* The merge verb: the victim at rank v is merged into the kept rank tgt (key and value weighted by mw, the target's
+ * form), the target's weight becomes the sum, one KV_EV_MERGE (victim pos, into the target's) is reported, and the
+ * victim's slot is freed (the live list is compacted by the caller). */
+static void lane_merge_into(KVCache *c, int l, int g, KVLane *ln, int v, int tgt, double cosine, int t) {
+    int hd = c->shape.head_dim, sv = ln->live[v], st = ln->live[tgt];
+    float wv = ln->mw[sv], wt = ln->mw[st], a = wv, b = wt;
+    if (!(a + b > 0)) a = b = 1;   /* neither was ever attended: equal weights */
+    float xv[hd], xt[hd];
+    for (int is_v = 0; is_v < 2; is_v++) {
+        slot_read(c, ln, sv, is_v, xv);
+        slot_read(c, ln, st, is_v, xt);
+        for (int d = 0; d < hd; d++) xt[d] = (a * xv[d] + b * xt[d]) / (a + b);
+        slot_write(c, ln, st, is_v, xt);
+    }
+    c->bytes_read += c->band_vb[kv_slot_band(ln, sv)] + c->band_vb[kv_slot_band(ln, st)];
+    ln->mw[st] = wt + wv;
+    if (c->on_event) {
+        KVEvent ev = {KV_EV_MERGE, t, l, g, ln->pos[sv], ln->pos[sv], 2, ln->pos[st], -1, KV_F32, KV_F32, cosine, ""};
+        c->on_event(c->event_ctx, &ev);
+    }
+    slot_release(c, ln, sv);
+    c->n_merged++;
+}
+
+/* evict: free the n ranks the policy named, reporting each to the event log; with merge=1 each is merged into its
+ * most similar kept slot instead (above). */
 static void lane_evict(KVCache *c, int l, int g, KVLane *ln, const int *ranks, const double *score, int n, int t) {
+    int *victim = c->run_buf;   /* (n_live) merge=1: 1 for the ranks named, which are no merge targets */
+    if (c->merge_evict) {
+        for (int i = 0; i < ln->n_live; i++) victim[i] = 0;
+        for (int j = 0; j < n; j++) {
+            int r = ranks[j];
+            if (r < 0 || r >= ln->n_live || victim[r]) policy_bug(c, "evict", l, g, r, ln->n_live);
+            victim[r] = 1;
+        }
+    }
     for (int j = 0; j < n; j++) {
         int r = ranks[j];
         if (r < 0 || r >= ln->n_live || ln->pos[ln->live[r]] < 0) policy_bug(c, "evict", l, g, r, ln->n_live);
+        if (c->merge_evict) {
+            double cosine = 0;
+            int tgt = merge_target(c, ln, r, victim, &cosine);
+            if (tgt >= 0) { lane_merge_into(c, l, g, ln, r, tgt, cosine, t); continue; }
+        }
         int s = ln->live[r];
         emit(c, KV_EV_EVICT, t, l, g, ln->pos[s], ln->pos0 ? ln->pos0[s] : ln->pos[s], 1, -1, score[j]);
         slot_release(c, ln, s);
         c->n_evictions++;
     }
     lane_compact(c, l * c->shape.n_kv_heads + g, ln);
-}
-
-/* The stored vector of slot s as f32 (keys as stored: rotated under pos=orig, pre-RoPE under pos=cache). */
-static void slot_read(const KVCache *c, const KVLane *ln, int s, int is_v, float *x) {
-    int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
-    if (is_v) kv_decode(x, c->band_vtype[b], ln->v[b] + (size_t)row * c->band_vb[b], c->shape.head_dim);
-    else kv_decode(x, c->band_ktype[b], ln->k[b] + (size_t)row * c->band_kb[b], c->shape.head_dim);
-}
-
-static void slot_write(KVCache *c, KVLane *ln, int s, int is_v, const float *x) {
-    int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
-    if (is_v) kv_encode(ln->v[b] + (size_t)row * c->band_vb[b], c->band_vtype[b], x, c->shape.head_dim);
-    else kv_encode(ln->k[b] + (size_t)row * c->band_kb[b], c->band_ktype[b], x, c->shape.head_dim);
 }
 
 /* merge: each run of count[j] adjacent ranks from first[j] becomes one slot, the newest token's: key and value the
@@ -900,20 +1290,23 @@ static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
     int newer = 0;
     for (int x = 0; x <= b; x++) newer += ln->band_slots[x] - ln->n_free[x];
     int i = ln->n_live - newer, hd = c->shape.head_dim;
-    int from = ln->live[i], to = ln->free[next][--ln->n_free[next]];
+    int from = ln->live[i], to = band_pop(c, ln, next);
     float x[hd];
-    for (int is_v = 0; is_v < 2; is_v++) {   /* a form the two bands share moves as bytes (kprec=/vprec= apart) */
+    ln->pos[to] = ln->pos[from];
+    for (int is_v = 0; is_v < 2; is_v++) {
+        /* a form the two bands share moves as bytes (kprec=/vprec= apart); per-channel keys are their group's codes */
         KVType from_ty = is_v ? c->band_vtype[b] : c->band_ktype[b], to_ty = is_v ? c->band_vtype[next] : c->band_ktype[next];
-        if (from_ty == to_ty) {
+        if (from_ty == to_ty && (is_v || (!c->band_kchan[b] && !c->band_kchan[next]))) {
             size_t n = is_v ? c->band_vb[b] : c->band_kb[b];
             uint8_t *dst = is_v ? ln->v[next] : ln->k[next];
             const uint8_t *src = is_v ? ln->v[b] : ln->k[b];
             memcpy(dst + (size_t)(to - ln->band_first[next]) * n, src + (size_t)(from - ln->band_first[b]) * n, n);
         } else { slot_read(c, ln, from, is_v, x); slot_write(c, ln, to, is_v, x); }
     }
-    ln->pos[to] = ln->pos[from];
     if (ln->pos0) { ln->pos0[to] = ln->pos0[from]; ln->pos0[from] = -1; }
+    if (ln->mw) { ln->mw[to] = ln->mw[from]; ln->mw[from] = 0; }
     ln->pos[from] = -1;
+    if (c->band_kchan[b]) chan_release(c, ln, b, from);
     memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
     ln->live[i] = to;
     ln->free[b][ln->n_free[b]++] = from;
@@ -944,13 +1337,14 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         }
         /* step 2: store, into band 0 (recoding older tokens down the bands to make room) */
         band_make_room(c, l, g, ln, 0, t);
-        int slot = ln->free[0][--ln->n_free[0]];
+        int slot = band_pop(c, ln, 0);
         memcpy(tmp, k + (size_t)g * hd, (size_t)hd * sizeof(float));
         if (c->spec.pos == POS_ORIG) kv_rope_apply(tmp, s, kv_rope_at(c, t));
-        slot_write(c, ln, slot, 0, tmp);
-        slot_write(c, ln, slot, 1, v + (size_t)g * hd);
         ln->pos[slot] = t;
         if (ln->pos0) ln->pos0[slot] = t;
+        if (ln->mw) ln->mw[slot] = 0;
+        slot_write(c, ln, slot, 0, tmp);
+        slot_write(c, ln, slot, 1, v + (size_t)g * hd);
         ln->live[ln->n_live++] = slot;
         c->live_bytes += token_bytes(c, 0);
         if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
@@ -1172,8 +1566,9 @@ void kv_attend_policy(KVCache *c, int l, int t) {
         }
         if (l == 0) c->steps_read++;
     }
-    /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it) */
-    if (ops->observe)
+    /* step 4: show the policy the group's probabilities: agg= (mean or max) and the mean (thresholds use it); with
+       merge=1 the cache adds the mean to each slot's accumulated attention (mw) itself */
+    if (ops->observe || c->merge_evict)
         for (int g = 0; g < n_kv; g++) {
             const KVLane *ln = &c->lanes[l * n_kv + g];
             float *agg = c->agg + (size_t)g * budget, *mean = c->mean + (size_t)g * budget;
@@ -1187,7 +1582,8 @@ void kv_attend_policy(KVCache *c, int l, int t) {
                 mean[i] = sum / group;
                 agg[i] = c->spec.agg == AGG_MAX ? mx : mean[i];
             }
-            ops->observe(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
+            if (c->merge_evict) for (int i = 0; i < ln->n_live; i++) ln->mw[ln->live[i]] += mean[i];
+            if (ops->observe) ops->observe(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
         }
     if (ops->on_layer_done) ops->on_layer_done(&c->policy, l, t);
     if (ops->prune) {
@@ -1222,10 +1618,13 @@ void kv_describe(const KVCache *c, char *buf, size_t len) {
     if (c->tiers)
         snprintf(fast, sizeof fast, ", fast tier %.2f MiB (%zu B per lane)%s", c->tier.cap / 1048576.0,
                  c->tier.lane_cap, c->spec.prefetch ? ", prefetch" : "");
-    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s, residual %d%s, pos %s, agg %s%s",
+    char kgroup[48] = "";
+    if (c->kgroup) snprintf(kgroup, sizeof kgroup, ", keys per channel in groups of %d", c->kgroup);
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s%s, residual %d%s, pos %s, agg %s%s%s",
              c->spec.name, c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s",
-             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], c->residual, prec,
-             c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast);
+             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], kgroup, c->residual, prec,
+             c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast,
+             c->merge_evict ? ", merge-on-evict" : "");
 }
 
 int kv_lane_read(const KVCache *c, int l, int g, int *spans, int max) {

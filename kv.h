@@ -46,11 +46,43 @@
  * must not remember slot ids across steps: they see ranks, and keep per-slot state in `meta`, which moves with the
  * token.
  *
+ * Keys per channel (kgroup=channel, kgsize=G; KIVI, Liu et al. 2024, arXiv:2402.02750, §3.2-3.3: keys quantized per
+ * channel over groups of G tokens, values per token). In a band whose keys are quantized (q8, q4, q2), the band's
+ * slot rows are cut into GROUPS of G consecutive rows (the last one shorter when the band is). A group is EMPTY, OPEN
+ * or SEALED; a band has at most one open group, whose keys are held in f32 (KIVI's full-precision residual of the
+ * newest partial group) in a buffer of min(G, band slots) keys beside the band. A key entering the band goes to a free
+ * row of the open group, else to a row of an empty group (which opens), else to a free row of a sealed group (below).
+ * When every row of the open group holds a key, the group is SEALED: for each of the head_dim channels an f16 scale d
+ * and f16 minimum m over its G keys (kv_minscale: m rounded down, d up, so none is clipped), and each key stored as
+ * head_dim codes of 8, 4 or 2 bits, x = d·q + m, error at most the channel's d/2. Values stay per token in the band's
+ * value type. The newest tokens of a lane are thus held in f32 twice over with residual=R: the R of band 0, then up to
+ * G-1 in the open group of band 1 (KIVI's residual counts both).
+ * Eviction inside a sealed group frees the slot at once: the other keys keep their bits (their group's scales and
+ * minimums still decode them) and the freed row may take a later key. That key is coded with the group's scales when
+ * it lies within every channel's range [m, m + qmax·d] (error at most d/2, as the others); otherwise the group is
+ * re-quantized: its live keys decoded, the new one added, scales and minimums recomputed over them, all re-encoded (the
+ * old keys then carry their first rounding plus at most the new d/2). We chose this over the two alternatives: masking
+ * the freed slot until its group empties would leave a full lane no slot for the new token after its policy evicted
+ * (the budget would no longer be the slots a lane holds), and re-quantizing at every eviction would round every other
+ * key of the group again for nothing. kgroup=channel applies to the keys of every quantized band (prec= bands
+ * included: a key recoded from one band to the next is decoded and enters the next band's open group); f32, f16 and
+ * bf16 keys stay per token. It is refused with merging and selection policies and with memory tiers (fast=), and the
+ * CUDA mirror does not take it. Bytes: each slot's codes and its value, each group's scales and minimums (4·head_dim)
+ * and the open buffer are allocated; live are the sealed keys' codes, the headers of non-empty sealed groups and the
+ * open group's f32 keys (4·head_dim each), and a step reads what is live.
+ *
  * Merging (pool): the merged slot's key and value are the mean of the run's decoded f32 vectors (keys as stored:
  * rotated under pos=orig, so the merged score is the mean of the tokens' scores, the dot product being linear;
  * pre-RoPE under pos=cache, rotated later by the slot's one rank, which loses the tokens' offsets within the run),
  * encoded into the newest token's slot in that slot's storage form; it keeps the newest token's position and covers pos0..pos for
  * recall. The other slots of the run are freed.
+ *
+ * Merge-on-evict (merge=1, any evicting policy but pool): when the policy names a victim, the cache merges it into the
+ * kept slot of the same lane whose key is most similar by cosine instead of freeing it alone (D2O's choice of target,
+ * CaM's attention weights; kv.c, lane_evict, says what differs from the papers): key and value become
+ * (w_v·x_victim + w_t·x_target) / (w_v + w_t), w the slots' accumulated attention (KVLane.mw, kept by the cache),
+ * equal weights when both are 0; the target keeps its position and storage form, its weight becomes w_t + w_v, and
+ * it covers the victim's positions for recall (a set, not a range: eval.c follows it from the KV_EV_MERGE events).
  *
  * Positions (pos=):
  *   orig: keys are rotated with their true position when stored and the query with t.
@@ -63,16 +95,16 @@
  * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (docs/DESIGN.md), so agg= does not change them.
  *
  * Memory (kv_bytes): vectors (scales and minimums included), positions (int32, two with a merging policy), the live
- * and free index lists (int each) and policy metadata, per slot; allocated = every slot of every lane, live = the
+ * and free index lists (int each), policy metadata and, with merge=1, the f32 weight mw, per slot; allocated = every slot of every lane, live = the
  * slots in use. Attention
  * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_NTYPES } KVType;
+typedef enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8, KV_Q4, KV_Q2, KV_NTYPES } KVType;
 typedef enum { POS_ORIG = 0, POS_CACHE } PosMode;
 typedef enum { AGG_MEAN = 0, AGG_MAX } AggMode;
 
-extern const char *const kv_type_names[KV_NTYPES];   /* "f32", "f16", "bf16", "q8", "q4" */
+extern const char *const kv_type_names[KV_NTYPES];   /* "f32", "f16", "bf16", "q8", "q4", "q2" */
 
 /* The model's attention geometry, as the cache needs it. */
 typedef struct {
@@ -94,6 +126,9 @@ typedef struct {
  * the same form are one band. ("Tier" is kept for memory tiers, fast and slow memory, which bands are not.) */
 #define KV_MAX_PREC 4                     /* bands one prec=, kprec= or vprec= may give */
 #define KV_MAX_BANDS (2 * KV_MAX_PREC)    /* bands of a lane: kprec= and vprec= boundaries together (at most 7) */
+/* kgroup=channel's tokens per key group: the default (KIVI's G = 32) and the largest kgsize= */
+#define KV_KGSIZE_DEFAULT 32
+#define KV_KGSIZE_MAX 4096
 
 /* A parsed -kv spec: NAME[:BUDGET][,key=value...]. The keys every policy takes are parsed into fields here; the
  * rest stay as strings for the policy to read (kv_spec_get). */
@@ -120,6 +155,9 @@ typedef struct {
     double fast_frac;         /* fast=P%: the fast tier as a share of the cache's allocated vector bytes; 0 = none */
     char fast_text[24];       /* fast='s value as given, for messages */
     int prefetch;             /* prefetch=1: move what the next layer's predicted query reads ahead (kv_prefetch) */
+    int kgroup_channel;       /* kgroup=channel: quantized keys per channel over groups of kgsize tokens (above); 0:
+                                 kgroup=token, the default (per token, groups of elements as the type's layout says) */
+    int kgsize;               /* kgsize=G: tokens per key group with kgroup=channel; 0 = not given (32) */
     char text[256];           /* the spec as given, for reports */
 } KVSpec;
 
@@ -151,6 +189,10 @@ typedef struct {
     int n_free[KV_MAX_BANDS];
     uint8_t *k[KV_MAX_BANDS];       /* (band_slots, k bytes of the band) keys in the band's key type */
     uint8_t *v[KV_MAX_BANDS];       /* (band_slots, v bytes of the band) values in the band's value type */
+    float *mw;             /* (cap) merge=1 (merge-on-evict): each slot's accumulated attention, the group-mean
+                              probabilities summed over the steps it was seen (a merged slot's: its tokens' sum), zeroed
+                              when a token is stored; NULL without merge=1 */
+    int kopen[KV_MAX_BANDS];        /* kgroup=channel: the band's open key group (index of G rows), or -1 */
     uint8_t *meta;         /* (cap, meta_bytes) policy metadata of each slot, zeroed when a token is stored. It lives
                               beside the vectors, not with them: the policy owns it and may write it through a
                               const KVLane (kv_rank_meta) */
@@ -161,6 +203,8 @@ typedef struct {
  * sees slot ids, free lists or vectors; it answers with ranks. Its metadata for rank i: kv_rank_meta. */
 static inline int kv_rank_pos(const KVLane *ln, int i) { return ln->pos[ln->live[i]]; }
 static inline int kv_rank_pos0(const KVLane *ln, int i) { return ln->pos0 ? ln->pos0[ln->live[i]] : kv_rank_pos(ln, i); }
+/* merge=1: the accumulated attention of rank i (KVLane.mw); 0 without merge=1. */
+static inline float kv_rank_weight(const KVLane *ln, int i) { return ln->mw ? ln->mw[ln->live[i]] : 0.0f; }
 static inline uint8_t *kv_rank_meta(const KVLane *ln, int i, size_t meta_bytes) {
     return ln->meta + (size_t)ln->live[i] * meta_bytes;
 }
@@ -301,22 +345,26 @@ typedef struct {
     size_t total_alloc, total_live;
     size_t peak_live;               /* the most total_live ever reached since init or reset */
     size_t formula_alloc;           /* 2 · n_layers · n_kv_heads · head_dim · slots · bytes per element (f32 = 4,
-                                       f16/bf16 = 2, q8 = 1, q4 = 0.5, k and v types apart, residual ignored): the
+                                       f16/bf16 = 2, q8 = 1, q4 = 0.5, q2 = 0.25, k and v types apart, residual
+                                       ignored): the
                                        vector part people quote */
 } KVBytes;
 
 /* An event the cache reports to an optional log (-kvlog), one per token affected:
  *   KV_EV_EVICT   the token at `pos` was freed (score: the policy's, reason: the policy's `reason`);
- *   KV_EV_MERGE   the tokens pos0..pos (n slots, adjacent ranks) became one slot at position pos;
+ *   KV_EV_MERGE   the tokens pos0..pos (n slots, adjacent ranks) became one slot at position pos (pool; into -1);
+ *                 or, merge-on-evict (merge=1), the victim at `pos` was merged into the kept slot at position `into`
+ *                 (n = 2, pos0 = pos, score = the two keys' cosine);
  *   KV_EV_RECODE  the token at `pos` moved to band `band`, stored as ktype/vtype from now on. */
 typedef enum { KV_EV_EVICT, KV_EV_MERGE, KV_EV_RECODE } KVEventKind;
 typedef struct {
     KVEventKind kind;
     int pos_now, layer, kv_head;
     int pos, pos0, n;       /* the token (merge: the newest; pos0 the oldest covered, n slots merged) */
+    int into;               /* merge-on-evict: the position of the kept slot the victim was merged into; else -1 */
     int band;               /* recode: the band it moved to */
     KVType ktype, vtype;    /* recode: its storage form there */
-    double score;           /* evict */
+    double score;           /* evict: the policy's score; merge-on-evict: the cosine of the victim's and target's keys */
     const char *reason;     /* evict: why (the policy's reason) */
 } KVEvent;
 typedef void (*KVEventFn)(void *ctx, const KVEvent *ev);
@@ -362,13 +410,19 @@ struct KVCache {
                                 or -c for full, snapkv and selection */
     int n_bands;             /* precision bands (1: none) */
     KVType band_ktype[KV_MAX_BANDS], band_vtype[KV_MAX_BANDS];
-    size_t band_kb[KV_MAX_BANDS], band_vb[KV_MAX_BANDS];   /* bytes of one key / value vector in each band */
+    size_t band_kb[KV_MAX_BANDS], band_vb[KV_MAX_BANDS];   /* bytes of one key / value vector in each band (a
+                                                              per-channel band: one key's codes) */
+    int band_kchan[KV_MAX_BANDS];  /* 1: the band's keys are per channel (kgroup=channel and a quantized key type) */
+    int kgroup;              /* G, tokens per key group of a per-channel band; 0: no band is per channel */
+    float *kgbuf;            /* (kgroup, head_dim) scratch of a group's keys while it is (re-)quantized */
     int band_want[KV_MAX_BANDS];   /* slots each band asks for (prec=, residual=), the last 0: the rest */
     int residual;            /* slots of band 0 when there are two bands and band 0 is f32 (residual=R), else 0: what
                                 the CUDA mirror takes */
     size_t k_bytes, v_bytes; /* bytes of one key / value vector of the last band (the base type) */
     size_t meta_bytes;       /* bytes of policy metadata per slot */
     int merges;              /* 1: the policy merges: lanes keep pos0 */
+    int merge_evict;         /* 1: merge=1, merge-on-evict: a victim is merged into its most similar kept slot
+                                (kv.c, lane_evict) and lanes keep mw */
     int prompt_dense;        /* 1: prompt=dense (selection policies): queries before the prompt's end read every
                                 token through the ordinary attention, later ones select (kv_set_prompt_len) */
     KVLane *lanes;           /* (n_layers * n_kv_heads) */
@@ -458,7 +512,7 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v);
  * kv_attend_chunk in every build, attn.cu's kernels and their CPU twin: tests/test_attn_ref.c, tests/test_attn.cu).
  * q (n_heads * head_dim, before RoPE) is the token at position t, stored by kv_append(c, l, t, ...) just before; for
  * each query head h, with lane (l, h / (n_heads / n_kv_heads)) holding n live slots k_i, v_i in rank (position) order:
- *   keys    the f32 key as stored: an f32 band as is, f16/bf16/q8/q4 decoded (kv_decode); under pos=orig
+ *   keys    the f32 key as stored: an f32 band as is, f16/bf16/q8/q4/q2 decoded (kv_decode); under pos=orig
  *           it was rotated by its position when stored, under pos=cache it is rotated now by its rank i (StreamingLLM,
  *           Xiao et al. 2023, §3.2), and the query by t (pos=orig) or by n-1 (pos=cache) (RoPE: Su et al. 2021);
  *   scores  s_i = (q·k_i)/√head_dim (scaled dot-product attention, Vaswani et al. 2017, eq. 1), f32;

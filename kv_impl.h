@@ -30,17 +30,22 @@ static inline size_t kv_key_panel_slots(int budget) {
     return (size_t)(budget + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK * KV_KEY_BLOCK;
 }
 
-/* The f32 key of the lane's i-th live slot as step 3 sees it: read as is from an f32 band or decoded from its band's
- * key type, then, under pos=cache, rotated by its rank i (the table c->rope_cs, = kv_rope_cs(i)); under pos=orig it
- * was rotated by its position when stored. Returns a pointer into the cache (f32, pos=orig) or x (head_dim) when it
- * had to be decoded or rotated. Inline: the fast path calls it once per key. */
+/* A key of per-channel band b (kgroup=channel) as stored: a pointer to its f32 row while its group is open, else
+ * decoded from its codes and its group's scales and minimums into x (head_dim), x returned (kv.c). */
+const float *kv_chan_key(const KVCache *c, const KVLane *ln, int b, int slot, float *x);
+
+/* The f32 key of the lane's i-th live slot as step 3 sees it: read as is from an f32 band (or an open per-channel
+ * group) or decoded from its band's key form, then, under pos=cache, rotated by its rank i (the table c->rope_cs,
+ * = kv_rope_cs(i)); under pos=orig it was rotated by its position when stored. Returns a pointer into the cache (f32,
+ * pos=orig) or x (head_dim) when it had to be decoded or rotated. Inline: the fast path calls it once per key. */
 static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
     int slot = ln->live[i], hd = c->shape.head_dim, b = kv_slot_band(ln, slot);
     const uint8_t *src = ln->k[b] + (size_t)(slot - ln->band_first[b]) * c->band_kb[b];
-    const float *k = c->band_ktype[b] == KV_F32 ? (const float *)(const void *)src : NULL;
+    const float *k = c->band_kchan[b] ? kv_chan_key(c, ln, b, slot, x)
+                   : c->band_ktype[b] == KV_F32 ? (const float *)(const void *)src : NULL;
     if (c->spec.pos == POS_ORIG && k) return k;
-    if (k) memcpy(x, k, (size_t)hd * sizeof(float));
-    else kv_decode(x, c->band_ktype[b], src, hd);
+    if (k && k != x) memcpy(x, k, (size_t)hd * sizeof(float));
+    else if (!k) kv_decode(x, c->band_ktype[b], src, hd);
     if (c->spec.pos == POS_CACHE) kv_rope_apply(x, &c->shape, c->rope_cs + (size_t)i * hd);
     return x;
 }

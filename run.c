@@ -304,7 +304,8 @@ static void ids_append_text(IdList *l, const Model *m, const char *text) {
  * ------------------------------------------------------------------------------------------------------------- */
 
 /* Evictions: the evicted token (position, id, text), the policy's score and reason. Merges: the merged slot's
- * positions first_pos..pos and how many slots became one. Recodes: the token that moved down a precision band and
+ * positions first_pos..pos and how many slots became one (pool), or the victim's position, the position of the kept
+ * slot it was merged into and their keys' cosine (merge=1). Recodes: the token that moved down a precision band and
  * its storage form there. */
 static void kvlog_event(void *ctx, const KVEvent *ev) {
     KVLog *lg = ctx;
@@ -329,6 +330,8 @@ static void kvlog_event(void *ctx, const KVEvent *ev) {
         line_printf(l, "\"evicted_pos\":%d,", ev->pos);
         if (ev->pos0 != ev->pos) line_printf(l, "\"first_pos\":%d,", ev->pos0);   /* a merged slot */
     }
+    else if (ev->kind == KV_EV_MERGE && ev->into >= 0)   /* merge-on-evict: the victim and the kept slot it joined */
+        line_printf(l, "\"pos\":%d,\"into\":%d,\"cosine\":%.9g,", ev->pos, ev->into, ev->score);
     else if (ev->kind == KV_EV_MERGE) line_printf(l, "\"pos\":%d,\"first_pos\":%d,\"merged\":%d,", ev->pos, ev->pos0, ev->n);
     else line_printf(l, "\"pos\":%d,\"band\":%d,\"ktype\":\"%s\",\"vtype\":\"%s\",", ev->pos, ev->band,
                      kv_type_names[ev->ktype], kv_type_names[ev->vtype]);

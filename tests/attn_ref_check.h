@@ -10,6 +10,7 @@
 #ifndef KVLAB_ATTN_REF_CHECK_H
 #define KVLAB_ATTN_REF_CHECK_H
 #include "kv.h"
+#include "tests/test_kv_util.h"   /* tchan_key */
 
 #include <math.h>
 #include <stdio.h>
@@ -86,6 +87,7 @@ static void ref_stored(const KVCache *c, const KVLane *ln, int i, int value, flo
     while (slot < ln->band_first[b]) b++;   /* the band holding the slot: bands own descending ranges of slot ids */
     size_t row = (size_t)(slot - ln->band_first[b]);
     if (value) kv_decode(x, c->band_vtype[b], ln->v[b] + row * c->band_vb[b], hd);
+    else if (c->band_kchan[b]) tchan_key(c, ln, b, slot, x);   /* kgroup=channel: tests/test_kv_util.h */
     else kv_decode(x, c->band_ktype[b], ln->k[b] + row * c->band_kb[b], hd);
 }
 

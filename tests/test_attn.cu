@@ -56,8 +56,8 @@ static void test_codec_twins(void) {
                 if (memcmp(a, b, (size_t)hd * sizeof(float))) bad_dec++;
             }
         }
-    CHECK(bad_enc == 0, "kernel encoder == kv_encode byte for byte: %d vectors, 5 types, head_dim 2..128 (%d differ%s%s)",
-          cases, bad_enc, *first ? ", first " : "", first);
+    CHECK(bad_enc == 0, "kernel encoder == kv_encode byte for byte: %d vectors, %d types, head_dim 2..128 (%d differ%s%s)",
+          cases, (int)KV_NTYPES, bad_enc, *first ? ", first " : "", first);
     CHECK(bad_dec == 0, "kernel decoder == kv_decode bit for bit: %d vectors (%d differ)", cases, bad_dec);
 }
 
@@ -91,10 +91,10 @@ static inline float tnorm(void) { return (trng_unif() + trng_unif() + trng_unif(
  * vectorizes with fused multiply-adds (vfmaddsub, even under -ffp-contract=off) in its vector body but not in its tail,
  * so a rotated key may differ from the kernels' (separately rounded) rotation by an f32 rounding, which a storage type
  * can turn into one step of that type: key_tol is that step relative to the vector's largest element (f16 2^-10,
- * bf16 2^-7, q8 1/127 of a group's max, q4 1/15 of a group's range <= 2 max; f32 a few ulps). The attention bounds
- * under pos=orig follow: measured worst (CPU twin, this grid) f16 5.6e-5 / 1.2e-5, bf16 5.8e-5 / 8.8e-6, q8 1.3e-4 /
- * 2.1e-5, q4 7.4e-5 / 7.9e-6 (output relative / probability absolute); the bounds allow about 10x. Under pos=cache
- * keys are stored unrotated and every byte must match. */
+ * bf16 2^-7, q8 1/127 of a group's max, q4 1/15 and q2 1/3 of a group's range <= 2 max; f32 a few ulps). The
+ * attention bounds under pos=orig follow: measured worst (CPU twin, this grid) f16 5.6e-5 / 1.2e-5, bf16 5.8e-5 /
+ * 8.8e-6, q8 1.3e-4 / 2.1e-5, q4 7.4e-5 / 7.9e-6, q2 3.5e-6 / 1.2e-7 (output relative / probability absolute); the
+ * bounds allow about 10x. Under pos=cache keys are stored unrotated and every byte must match. */
 typedef struct { const char *name, *opts; double key_tol, orig_out, orig_prob; } TypeCase;
 static const TypeCase TYPES[] = {
     {"f32", "type=f32", 1e-6, 3e-5, 5e-7},
@@ -102,6 +102,7 @@ static const TypeCase TYPES[] = {
     {"bf16", "type=bf16", 1.0 / 128, 6e-4, 1.2e-4},
     {"q8", "type=q8", 1.01 / 127, 1.5e-3, 2.5e-4},
     {"q4", "type=q4", 2.02 / 15, 1.5e-3, 2.5e-4},
+    {"q2", "type=q2", 2.02 / 3, 1.5e-3, 2.5e-4},
     {"k q8 v f16", "ktype=q8,vtype=f16", 1.01 / 127, 1.5e-3, 2.5e-4},
     {"q8 + residual", "type=q8,residual=R", 1.01 / 127, 1.5e-3, 2.5e-4},
     {"q4 + residual", "type=q4,residual=R", 2.02 / 15, 1.5e-3, 2.5e-4},
@@ -331,8 +332,9 @@ static int bench(const char *model_path) {
 
 /* What the mirror does not take yet is refused when it attaches, with a message naming the spec and the CPU way. */
 static void test_refused(void) {
-    const char *specs[] = {"full,prec=f32:4/q8:8/q4", "full,prec=q8:4/q4", "pool:16,group=2,recent=8", "topk:8"};
-    for (int i = 0; i < 4; i++) {
+    const char *specs[] = {"full,prec=f32:4/q8:8/q4", "full,prec=q8:4/q4", "pool:16,group=2,recent=8", "topk:8",
+                           "h2o:16,merge=1", "full,type=q2,kgroup=channel", "h2o:16,type=q4,kgroup=channel,residual=4"};
+    for (int i = 0; i < 7; i++) {
         KVShape s = tshape(2, 4, 2, 64, 32);
         KVCache c;
         char err[512] = "";

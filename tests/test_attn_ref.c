@@ -19,9 +19,11 @@
 
 typedef struct { const char *name, *opts; } TypeCase;
 static const TypeCase TYPES[] = {
-    {"f32", "type=f32"}, {"f16", "type=f16"}, {"bf16", "type=bf16"}, {"q8", "type=q8"}, {"q4", "type=q4"},
+    {"f32", "type=f32"}, {"f16", "type=f16"}, {"bf16", "type=bf16"}, {"q8", "type=q8"}, {"q4", "type=q4"}, {"q2", "type=q2"},
     {"k q8 v f16", "ktype=q8,vtype=f16"}, {"q8 + residual", "type=q8,residual=R"}, {"q4 + residual", "type=q4,residual=R"},
-    {"prec f32/q8/q4", "prec=f32:R/q8:R/q4"},
+    {"prec f32/q8/q4", "prec=f32:R/q8:R/q4"}, {"q2 keys per channel", "type=q2,kgroup=channel,kgsize=8"},
+    {"q4 keys per channel + residual", "ktype=q4,vtype=q8,kgroup=channel,residual=R"},
+    {"prec f32/q8/q2 keys per channel", "prec=f32:R/q8:R/q2,kgroup=channel,kgsize=4"},
 };
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 #define LAYERS 2
@@ -60,8 +62,12 @@ static void run_case(RefTally *ty, int chunked, int n, int hd, int group, const 
     snprintf(opts, sizeof opts, "%s", tc->opts);
     char *r = strstr(opts, "residual=R");
     if (r) sprintf(r, "residual=%d", n / 2 < 16 ? n / 2 : 16);
-    char *pr = strstr(opts, "prec=f32:R/q8:R/q4");   /* three bands: a quarter of the lane each in f32 and q8 */
-    if (pr) sprintf(pr, "prec=f32:%d/q8:%d/q4", n / 4 > 0 ? n / 4 : 1, n / 4 > 0 ? n / 4 : 1);
+    char *pr = strstr(opts, "prec=f32:R/q8:R/");   /* three bands: a quarter of the lane each in f32 and q8 */
+    if (pr) {
+        char rest[64];
+        snprintf(rest, sizeof rest, "%s", pr + strlen("prec=f32:R/q8:R/"));
+        sprintf(pr, "prec=f32:%d/q8:%d/%s", n / 4 > 0 ? n / 4 : 1, n / 4 > 0 ? n / 4 : 1, rest);
+    }
     if (n == 1) snprintf(spec, sizeof spec, "full,%s,pos=%s", opts, pos_cache ? "cache" : "orig");
     else snprintf(spec, sizeof spec, "random:%d,%s,pos=%s", n, opts, pos_cache ? "cache" : "orig");
     KVCache a, b;

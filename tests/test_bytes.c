@@ -1,7 +1,7 @@
 /* test_bytes.c: the memory and bandwidth axes of every storage form, at the size people quote: a SmolLM2-135M cache
  * (30 layers, 3 kv heads, head_dim 64) after 4,096 tokens. For each spec the expected bytes are written out term by
  * term from the layouts kv_codec.h documents (f32 4 bytes an element, f16 and bf16 2, q8 an f16 scale and 32 int8
- * per group of 32, q4 an f16 scale, an f16 minimum and 16 bytes per group of 32) and the per-slot bookkeeping kv.h
+ * per group of 32, q4 an f16 scale, an f16 minimum and 16 bytes per group of 32, q2 the same with 8 bytes) and the per-slot bookkeeping kv.h
  * documents (an int32 position, one live-list and one free-list int), with each lane's precision bands worked out by
  * hand from the spec: kv_vector_bytes and the cache's own band layout are never consulted. Checked: kv_bytes
  * (allocated, live, vectors and metadata apart), kv_alloc_bytes_for, and the KV bytes one decode step reads.
@@ -27,6 +27,7 @@ static size_t ref_vec(KVType ty) {
     case KV_F16: case KV_BF16: return 2 * HD;
     case KV_Q8: return (HD / 32) * (2 + 32);
     case KV_Q4: return (HD / 32) * (2 + 2 + 16);
+    case KV_Q2: return (HD / 32) * (2 + 2 + 8);
     default: return 0;
     }
 }
@@ -46,6 +47,9 @@ static const Case cases[] = {
     {"full,type=bf16", T, 1, {KV_BF16}, {KV_BF16}, {T}},
     {"full,type=q8", T, 1, {KV_Q8}, {KV_Q8}, {T}},
     {"full,type=q4", T, 1, {KV_Q4}, {KV_Q4}, {T}},
+    {"full,type=q2", T, 1, {KV_Q2}, {KV_Q2}, {T}},
+    {"window:1024,kprec=f32:64/q2,vprec=f32:32/q4", 1024, 3, {KV_F32, KV_F32, KV_Q2}, {KV_F32, KV_Q4, KV_Q4},
+     {32, 32, 960}},
     {"full,ktype=f16,vtype=f32", T, 1, {KV_F16}, {KV_F32}, {T}},
     {"full,prec=f32:64/q8:512/q4", T, 3, {KV_F32, KV_Q8, KV_Q4}, {KV_F32, KV_Q8, KV_Q4}, {64, 512, T - 576}},
     {"full,kprec=f32:64/q4,vprec=f32:256/q8", T, 3, {KV_F32, KV_Q4, KV_Q4}, {KV_F32, KV_F32, KV_Q8},

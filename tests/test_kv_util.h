@@ -87,6 +87,26 @@ static inline double tdense_err(const double *q, const double *k, const float *c
     return e;
 }
 
+/* A key of a per-channel band (kgroup=channel, kv.h) decoded from the cache's bytes by the layout kv.c documents:
+ * band b's key region holds the rows' codes (band_kb bytes each), then from the next 16-byte boundary each group's
+ * head_dim f16 scales and head_dim f16 minimums, then from the next boundary the open group's f32 keys (row r at
+ * r mod G); code e of a row at bits bits·(e mod (8/bits)) of byte e·bits/8; x_e = d_e·q_e + m_e in f32. */
+static inline void tchan_key(const KVCache *c, const KVLane *ln, int b, int slot, float *x) {
+    int hd = c->shape.head_dim, G = c->kgroup, S = ln->band_slots[b], r = slot - ln->band_first[b], j = r / G;
+    int bits = c->band_ktype[b] == KV_Q8 ? 8 : c->band_ktype[b] == KV_Q4 ? 4 : 2, per = 8 / bits;
+    size_t kb = c->band_kb[b], hdr = ((size_t)S * kb + 15) / 16 * 16, groups = (size_t)(S + G - 1) / G;
+    size_t open = hdr + (groups * 4 * hd + 15) / 16 * 16;
+    const uint8_t *base = ln->k[b];
+    if (ln->kopen[b] == j) { memcpy(x, base + open + (size_t)(r % G) * hd * 4, (size_t)hd * 4); return; }
+    const uint8_t *h = base + hdr + (size_t)j * 4 * hd, *q = base + (size_t)r * kb;
+    for (int e = 0; e < hd; e++) {
+        float d = kv_f16_to_f32((uint16_t)(h[2 * e] | h[2 * e + 1] << 8));
+        float m = kv_f16_to_f32((uint16_t)(h[2 * hd + 2 * e] | h[2 * hd + 2 * e + 1] << 8));
+        int code = (q[e / per] >> (bits * (e % per))) & ((1 << bits) - 1);
+        x[e] = d * (float)code + m;
+    }
+}
+
 static inline void tprint_set(char *buf, size_t len, const int *p, int n) {
     size_t o = 0;
     buf[0] = 0;

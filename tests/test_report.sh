@@ -53,7 +53,7 @@ check default "full grid: select (2,048 tokens, B 64 and 256), tiers (quest:256)
     "plan: passkey_sel: ./run models/smollm2-135m-instruct.bin -m passkey -c 8192 -lengths 4096,8192 -depths 0.25,0.5,0.75 -passkey2 0 -chunk 64 -s 1 -kv full -kv topk:64,prompt=dense -kv topk:256,prompt=dense -kv quest:64,prompt=dense -kv quest:256,prompt=dense -kv h2o:64 -kv h2o:256 -kv tova:256 -kv sink:64 -kv sink:256 -o report/passkey_sel.dat"
 check default "full grid: compress over the 8,192 tokens of main (the frontier's families, 5%/10% budgets 410/820)" 0 \
     "plan: compress: ./run models/smollm2-135m-instruct.bin -m ppl -f report/text_8192.txt.dat -c 8192 -chunk 64 -kv full,type=q2 " \
-    "-kv h2o:410,merge=1 -kv h2o:820,merge=1 -kv sink:820,merge=1 -kv pool:820 " "-kv topk:256 -kv quest:256 -o report/compress.dat"
+    "-kv h2o:410,merge=1 -kv h2o:820,merge=1 -kv sink:820,merge=1 -kv window:820,merge=1 -kv pool:820 " "-kv topk:256 -kv quest:256 -o report/compress.dat"
 check quick "REPORT_QUICK=1: compress with six caches over 512 tokens" 0 \
     "plan: compress: ./run models/smollm2-135m-instruct.bin -m ppl -f build/report-quick/text_512.txt.dat -c 512 -chunk 64 -kv full,type=q2 -kv full,type=q2,kgroup=channel -kv full,krank=16 -kv h2o:52,merge=1 -kv pool:52 -kv topk:16 -o build/report-quick/compress.dat"
 check quick "REPORT_QUICK=1: select at B 32 and 64, tiers on quest:64, passkey_sel at -c 1024 with five policies" 0 \

@@ -57,7 +57,7 @@ import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
 n = int(sys.argv[3])
-skip = {"partial", "seconds", "wall_seconds", "cmd"}
+skip = {"partial", "seconds", "wall_seconds", "cmd", "threads"}   # threads: the default follows the load (cli.c)
 assert len(a) == len(b) == 4, (len(a), len(b))
 for x, y in zip(a, b):
     assert x["partial"] is True and y["partial"] is False, "partial flags"

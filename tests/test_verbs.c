@@ -10,7 +10,7 @@
  *   3. recode (prec=): band 0 newest, a full band's oldest token recoded one band down (kv.h, Precision bands), the
  *      bytes of each token those of its chain of encodings, one KV_EV_RECODE per move, the live-byte accounting
  *      (kv.c, slot_meta_bytes); prec= parse errors;
- *   4. clone/restore: a clone and a restored copy continue bit-identically;
+ *   4. clone/restore: a clone and a restored copy continue bit-identically (merge-on-evict included);
  *   5. ragged budgets (kv_cache_init_lanes): per-lane capacity and memory.
  * Codec (kv_encode/kv_decode) and RoPE (kv_rope) are used as primitives where bytes must match exactly; the rules
  * under test (which positions, which band, which bytes) are the test's own.
@@ -563,6 +563,8 @@ static void test_clone(void) {
     run_clone("pool:12,group=3,recent=4");
     run_clone("topk:6");
     run_clone("cluster:12,k=3,local=3");
+    run_clone("h2o:10,merge=1");                      /* merge-on-evict: merged vectors and the weights mw */
+    run_clone("sink:10,sinks=2,merge=1,prec=f32:3/q8");
     /* a restore across specs is refused */
     KVShape s = vshape(MAXT, 0);
     KVCache a, b;

@@ -119,7 +119,7 @@ else
           "full,type=q4,kgroup=channel" "full,ktype=f16" "full,kprec=f32:128/q4,vprec=f32:128/q8"
           "full,prec=f32:64/q8:512/q4" "full,prec=f32:128/q4:1024/q2"
           "full,krank=16" "full,krank=32" "full,rank=32" "full,krank=32,type=q8" "full,rank=16,type=q4"
-          "h2o:$B5" "h2o:$B5,merge=1" "h2o:$B10,merge=1" "sink:$B10,merge=1" "pool:$B10"
+          "h2o:$B5" "h2o:$B5,merge=1" "h2o:$B10,merge=1" "sink:$B10,merge=1" "window:$B10,merge=1" "pool:$B10"
           "h2o:$B20,prec=f32:64/q8:256/q4" "h2o:$((N / 4)),type=q4,kgroup=channel,residual=64" "topk:$S" "quest:$S")
 fi
 
@@ -411,7 +411,7 @@ FULL_PKS=(full topk:64,prompt=dense topk:256,prompt=dense quest:64,prompt=dense 
 FULL_COMP=(full,type=q2 full,type=q2,residual=128 full,type=q2,kgroup=channel full,type=q2,kgroup=channel,residual=128
            full,type=q4,kgroup=channel full,ktype=f16 full,kprec=f32:128/q4,vprec=f32:128/q8 full,prec=f32:64/q8:512/q4
            full,prec=f32:128/q4:1024/q2 full,krank=16 full,krank=32 full,rank=32 full,krank=32,type=q8
-           full,rank=16,type=q4 h2o:410 h2o:410,merge=1 h2o:820,merge=1 sink:820,merge=1 pool:820
+           full,rank=16,type=q4 h2o:410 h2o:410,merge=1 h2o:820,merge=1 sink:820,merge=1 window:820,merge=1 pool:820
            h2o:1640,prec=f32:64/q8:256/q4 h2o:2048,type=q4,kgroup=channel,residual=64 topk:256 quest:256)
 EST_FULL=$(estimate 8192 256 1024 820 1640 8192 "$PKF" "${FULL_MAIN[*]}" "${FULL_QUANT[*]}" "sink:1024 sink:1024,pos=cache" "${FULL_PK[*]}" \
     2048 "${FULL_SEL[*]}" "${FULL_TIERS[*]}" 8192 4096,8192 "${FULL_PKS[*]}" "${FULL_COMP[*]}")

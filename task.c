@@ -1,7 +1,7 @@
 /* task.c: -m task: RULER-style synthetic tasks (task.h names them and states RULER's definitions), generated from a
  * seed with exact answers, scored by RULER's string match, asked of every -kv policy through the engine exactly as in
  * generation (chunked prefill, greedy decode). It adds no model code, and no task that needs an outside text: the
- * haystack is the passkey's filler. Shared-context questions and natural tasks are not here.
+ * haystack is the passkey's filler. Shared-context questions (SCBench's two protocols) are here; natural tasks are not.
  *
  * Dimensions: n_units (filler units of an item), length (tokens of a cell: prompt and answer), ctx (-c).
  */
@@ -116,7 +116,7 @@ static void emit_haystack(Buf *b, TaskItem *it) {
     it->question_at = b->n;
 }
 
-/* cwe: the list of n_units entries " 1. word" ..., the top words TASK_CWE_FREQ_COMMON times each, rare words
+/* cwe: the list of n_units entries " 1. word" ..., the top words task_cwe_freq_common(n_units) times each, rare words
  * TASK_CWE_FREQ_RARE times each (the last rare word fewer when the rest does not divide), in seeded order. The words
  * come first from the seed (the first 10 the top), so they do not depend on n_units beyond how many are used. */
 static void emit_cwe(Buf *b, TaskItem *it, uint64_t *rng) {

@@ -12,9 +12,10 @@
  *   niah_multiquery  four needles of four keys; all four keys are asked at once, every value is expected.
  *   vt               variable tracking: a chain "VAR A = 12345." "VAR B = A." ... of 4 hops (5 variables, five
  *                    upper-case letters each) hidden in the haystack, and a second, distractor chain of the same shape
- *                    with another value (RULER's num_chains = 2); the answer: every variable of the chain asked.
+ *                    with another value (RULER's generator with num_chains = 2; its default is 1); the answer: every
+ *                    variable of the chain asked.
  *   cwe              common word extraction: a numbered list of made-up words where the 10 common words appear
- *                    TASK_CWE_FREQ_COMMON(n) times each and every other word at most 3 times; the answer: the 10.
+ *                    task_cwe_freq_common(n) times each and every other word at most 3 times; the answer: the 10.
  *                    The list is the whole context, so cwe has no depth.
  *   passkey          -m passkey's prompt (llama.cpp's instruction, key sentence and question), scored as the others.
  * Depth: the needle asked (niah: the first; vt: the chain's first assignment) sits before filler unit

@@ -1,11 +1,13 @@
 /* cli.c: the command line of ./run: the flag table (which mode reads which flag; -h and README's table come from it),
  * the parser, the tokenize and detokenize modes, and main, which loads the model, checks every -kv spec, picks the
- * device and hands the job to run.c (generate, chat) or eval.c (ppl, passkey, bench). It runs no model code itself.
+ * device and hands the job to run.c (generate, chat), eval.c (ppl, passkey, bench) or task.c (task). It runs no model
+ * code itself.
  */
 #include "cli.h"
 #include "attn.h"
 #include "eval.h"
 #include "run.h"
+#include "task.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -16,11 +18,11 @@
 
 /* The modes, and which flags each one reads: one table (FLAGS) drives the parser, the per-mode check, -h and
  * README's flag table (./run -h flags prints it; tests/test_flags.sh checks README against it). */
-static const char *const MODES[] = {"generate", "chat", "ppl", "passkey", "bench", "tokenize", "detokenize"};
+static const char *const MODES[] = {"generate", "chat", "ppl", "passkey", "bench", "tokenize", "detokenize", "task"};
 #define N_MODES (int)(sizeof MODES / sizeof *MODES)
-enum { M_GEN = 1, M_CHAT = 2, M_PPL = 4, M_PASSKEY = 8, M_BENCH = 16, M_TOK = 32, M_DETOK = 64 };
-#define M_ALL 127
-#define M_CACHE (M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH)   /* the modes that run a KV cache */
+enum { M_GEN = 1, M_CHAT = 2, M_PPL = 4, M_PASSKEY = 8, M_BENCH = 16, M_TOK = 32, M_DETOK = 64, M_TASK = 128 };
+#define M_ALL 255
+#define M_CACHE (M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH | M_TASK)   /* the modes that run a KV cache */
 
 typedef struct {
     const char *flag, *arg;   /* arg NULL: a switch without a value */
@@ -29,37 +31,49 @@ typedef struct {
 } FlagDef;
 
 static const FlagDef FLAGS[] = {
-    {"-m", "MODE", M_ALL, "generate (default), chat, ppl, passkey, bench, tokenize, detokenize"},
+    {"-m", "MODE", M_ALL, "generate (default), chat, ppl, passkey, bench, tokenize, detokenize, task"},
     {"-i", "TEXT", M_GEN | M_CHAT | M_TOK, "prompt or text (token ids on an ids-only model)"},
     {"-f", "FILE", M_PPL | M_BENCH | M_TOK | M_DETOK,
      "text (ppl: repeatable, one document each; bench: the prompt text, repeated; detokenize: ids)"},
-    {"-n", "N", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH,
+    {"-n", "N", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH | M_TASK,
      "generate, chat: tokens to generate, default 256, 0 = up to the context; ppl: score at most N tokens; "
-     "passkey: answer tokens, default 8; bench: decode steps, default 32"},
+     "passkey: answer tokens, default 8; bench: decode steps, default 32; task: answer tokens, default per task "
+     "(16 to 80)"},
     {"-t", "T", M_GEN | M_CHAT, "temperature, default 1.0, 0 = greedy"},
     {"-p", "P", M_GEN | M_CHAT, "top-p, default 0.9, in (0,1]"},
-    {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY, "seed: sampling (default: fresh each run, printed); passkey: the keys (default 1)"},
+    {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY | M_TASK, "seed: sampling (default: fresh each run, printed); passkey: the "
+     "keys, task: the items (default 1)"},
     {"-c", "N", M_CACHE, "context: full's cache and the shadow's length, tokens; default: the trained context "
-                         "(passkey and bench: at most 2048)"},
-    {"-y", "TEXT", M_CHAT, "system prompt"},
-    {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench (-h policies)"},
+                         "(passkey, task and bench: at most 2048)"},
+    {"-y", "TEXT", M_CHAT | M_TASK, "system prompt (default: the chat template's own, if it has one)"},
+    {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench, task (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4, q2"},
     {"-calib", "FILE", M_CACHE, "calibration text (ids on an ids-only model) for a policy that chooses its lanes on "
                                 "one (duo: recall of sink:B against the shadow over its first -c tokens); required by it"},
-    {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY, "cache events (evictions, merges, recodes) of every policy, JSON lines"},
+    {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_TASK, "cache events (evictions, merges, recodes) of every policy, JSON lines"},
     {"-d", "DEV", M_CACHE, "ref (attention by its definition, plain loops: slow, for checking), cpu, or cuda (generate "
                            "and chat); default cuda when usable, else cpu"},
-    {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH, "results, JSON lines, appended"},
+    {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH | M_TASK, "results, JSON lines, appended"},
     {"-link", "GB/s", M_CACHE, "the slow memory tier's link, for the modelled stall time of a fast= tier; default 64 "
                                "(PCIe 5 x16)"},
-    {"-chunk", "N", M_PPL | M_PASSKEY, "tokens per batched step, default 1 (ppl), 32 (passkey); same results"},
+    {"-chunk", "N", M_PPL | M_PASSKEY | M_TASK, "tokens per batched step, default 1 (ppl), 32 (passkey, task); same "
+     "results"},
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
-    {"-depths", "LIST", M_PASSKEY, "the key's relative depths, comma-separated in [0,1], default 0,0.25,0.5,0.75,1"},
-    {"-lengths", "LIST", M_PASSKEY | M_BENCH, "prompt lengths, comma-separated tokens, each <= -c (bench: with room for -n "
-     "steps); passkey default -c/4,-c/2,-c, bench 128, 512, 2048, ... (x4) and -c"},
+    {"-depths", "LIST", M_PASSKEY | M_TASK, "the key's (task: the asked needle's) relative depths, comma-separated in "
+     "[0,1], default 0,0.25,0.5,0.75,1 (cwe has none)"},
+    {"-lengths", "LIST", M_PASSKEY | M_BENCH | M_TASK, "prompt lengths, comma-separated tokens, each <= -c (bench: with "
+     "room for -n steps; task: prompt and answer); passkey and task default -c/4,-c/2,-c, bench 128, 512, 2048, ... (x4) "
+     "and -c"},
     {"-passkey2", "N", M_PASSKEY, "1 (default): the two-turn variant after the grid, at the longest length; 0: "
                                     "skip it"},
+    {"-task", "NAME", M_TASK, "the task: niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER's needles), "
+     "vt (variable tracking), cwe (common words), passkey"},
+    {"-items", "N", M_TASK, "items per (length, depth) cell, default 2"},
+    {"-questions", "N", M_TASK, "niah_multikey as a shared context: N keys (2 to 10) asked of one context, one "
+     "question each (SCBench)"},
+    {"-shared", "MODE", M_TASK, "with -questions: turns (default: one chat, each answer in the cache) or requests (each "
+     "question asked of the cache as it stood after the context)"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
     {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
     {"-v", NULL, M_GEN | M_CHAT | M_PPL, "each prompt's token ids, and per-layer memory and policy detail; ppl: "
@@ -211,7 +225,7 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
     if (!strcmp(a, "-m")) {
         for (int k = 0; k < N_MODES; k++) if (!strcmp(v, MODES[k])) { o->mode = MODES[k]; return 0; }
         return errorf(err, errlen, "unknown mode '-m %s'; modes: generate, chat, ppl, passkey, bench, tokenize, "
-                      "detokenize", v);
+                      "detokenize, task", v);
     } else if (!strcmp(a, "-i")) { o->prompt = v;
     } else if (!strcmp(a, "-f")) {
         if (o->n_files == MAX_FILES) return errorf(err, errlen, "too many -f files (at most %d)", MAX_FILES);
@@ -277,6 +291,20 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
         if (strcmp(v, "0") && strcmp(v, "1"))
             return errorf(err, errlen, "bad -passkey2 '%s': 1 (ask the two-turn variant, the default) or 0 (skip it)", v);
         o->passkey2 = v[0] == '1';
+    } else if (!strcmp(a, "-task")) {
+        if (task_parse(v) < 0) return errorf(err, errlen, "unknown -task '%s'; tasks: %s", v, task_names());
+        o->task = v;
+    } else if (!strcmp(a, "-items")) {
+        if (parse_long(v, 1, 1 << 20, &n)) return errorf(err, errlen, "bad -items '%s': items per cell in [1, %d]", v, 1 << 20);
+        o->items = (int)n;
+    } else if (!strcmp(a, "-questions")) {
+        if (parse_long(v, 2, TASK_MAX_NEEDLES, &n))
+            return errorf(err, errlen, "bad -questions '%s': questions of one context in [2, %d]", v, TASK_MAX_NEEDLES);
+        o->questions = (int)n;
+    } else if (!strcmp(a, "-shared")) {
+        if (strcmp(v, "turns") && strcmp(v, "requests"))
+            return errorf(err, errlen, "unknown -shared '%s'; modes: turns, requests", v);
+        o->shared = v;
     } else if (!strcmp(a, "-ids")) { o->print_ids = 1;
     } else if (!strcmp(a, "-bos")) { o->add_bos = 1;
     } else if (!strcmp(a, "-v")) { o->verbose = 1;
@@ -333,9 +361,19 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
             return errorf(err, errlen, "%s is not used by -m %s (it is for %s)", given[k]->flag, o->mode, modes);
         }
     /* conflicts inside a mode */
-    int multi = !strcmp(o->mode, "ppl") || !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench");
+    int multi = !strcmp(o->mode, "ppl") || !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench") ||
+                !strcmp(o->mode, "task");
     if (o->n_kv > 1 && !multi)
-        return errorf(err, errlen, "-kv given %d times: several policies run only in ppl, passkey and bench modes", o->n_kv);
+        return errorf(err, errlen, "-kv given %d times: several policies run only in ppl, passkey, bench and task modes",
+                      o->n_kv);
+    if (!strcmp(o->mode, "task") && !o->task)
+        return errorf(err, errlen, "-m task needs -task NAME; tasks: %s", task_names());
+    if (o->shared && !o->questions)
+        return errorf(err, errlen, "-shared %s says how -questions are asked: give -questions N too", o->shared);
+    if (o->questions && strcmp(o->task, "niah_multikey"))
+        return errorf(err, errlen, "-questions asks the keys of niah_multikey's haystack: use -task niah_multikey, "
+                      "not %s", o->task);
+    if (o->questions && !o->shared) o->shared = "turns";
     if (o->prompt && o->n_files && !strcmp(o->mode, "tokenize"))
         return errorf(err, errlen, "give the text with -i or -f, not both");
     if (o->n_files > 1 && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-f is repeatable only in ppl mode");
@@ -535,6 +573,7 @@ int cli_main(int argc, char **argv) {
     if (!strcmp(o.mode, "ppl")) rc = run_ppl(&m, &o);
     else if (!strcmp(o.mode, "bench")) rc = run_bench(&m, &o);
     else if (!strcmp(o.mode, "passkey")) rc = run_passkey(&m, &o);
+    else if (!strcmp(o.mode, "task")) rc = run_task(&m, &o);
     else {
         rc = run_generate_chat(&m, &o, cuda);
     }

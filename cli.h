@@ -27,6 +27,10 @@ typedef struct {
     int lengths[MAX_PASSKEY_CELLS];     /* -lengths, tokens; n_lengths 0: the default -c/4, -c/2, -c */
     int n_lengths;
     int passkey2;                       /* -passkey2: 1 (default) asks the two-turn variant, 0 skips it */
+    const char *task;                   /* -task NAME (task.h), checked by the parser */
+    int items;                          /* -items: items per cell of -m task; 0: the default, 2 */
+    int questions;                      /* -questions N: a shared context's questions (task.h); 0: none */
+    const char *shared;                 /* -shared turns|requests; "turns" when -questions is given alone */
     const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;
     double link_gbs;     /* -link: the slow tier's bandwidth, GB/s (1e9 bytes/s) */

@@ -8,6 +8,7 @@
  * document, l layer, g kv head, h query head, d document.
  */
 #include "eval.h"
+#include "eval_impl.h"
 
 #include <errno.h>
 #include <math.h>
@@ -31,7 +32,6 @@
  * SHA-256 (FIPS 180-4), for the model and text digests every JSON record carries.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct { uint32_t h[8]; uint8_t buf[64]; uint64_t n; } Sha256;
 
 static const uint32_t SHA_K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
@@ -64,14 +64,14 @@ static void sha_block(Sha256 *s, const uint8_t *p) {
     for (int i = 0; i < 8; i++) s->h[i] += a[i];
 }
 
-static void sha_init(Sha256 *s) {
+void sha_init(Sha256 *s) {
     static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c,
                                    0x1f83d9ab, 0x5be0cd19};
     memcpy(s->h, h0, sizeof h0);
     s->n = 0;
 }
 
-static void sha_update(Sha256 *s, const void *data, size_t len) {
+void sha_update(Sha256 *s, const void *data, size_t len) {
     const uint8_t *p = data;
     while (len) {
         size_t used = s->n % 64, take = 64 - used < len ? 64 - used : len;
@@ -103,14 +103,8 @@ void sha256_hex(const void *data, size_t len, char *hex) {
  * Records: every JSON line carries the command line, git commit, model and text digests, seed and threads.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    Line cmdline;          /* the command line, shell-quoted so that it can be run again */
-    char model_sha[65], text_sha[65];
-    int threads;
-    unsigned long long seed;
-} Provenance;
 
-static void provenance_init(Provenance *pv, const Model *m, const Options *o, const Sha256 *text) {
+void provenance_init(Provenance *pv, const Model *m, const Options *o, const Sha256 *text) {
     memset(pv, 0, sizeof *pv);
     line_shell_words(&pv->cmdline, o->argc, o->argv);
     line_printf(&pv->cmdline, "%s", "");   /* a NUL-terminated string even for an empty command line */
@@ -123,7 +117,7 @@ static void provenance_init(Provenance *pv, const Model *m, const Options *o, co
 }
 
 /* The provenance fields every -o record ends with, and the closing brace and newline. */
-static void json_provenance_end(Line *l, const Provenance *pv) {
+void json_provenance_end(Line *l, const Provenance *pv) {
     line_printf(l, "\"cmd\":\"");
     line_json_str(l, pv->cmdline.s);
     line_printf(l, "\",\"git\":\"%s\",\"model_sha256\":\"%s\",\"text_sha256\":\"%s\",\"seed\":%llu,\"threads\":%d}\n",
@@ -134,34 +128,7 @@ static void json_provenance_end(Line *l, const Provenance *pv) {
  * One policy's run over the token stream, and the shadow.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    double nll;        /* Σ negative log-likelihood, nats */
-    long n;            /* tokens scored */
-} Nll;
 
-typedef struct {
-    KVCache cache;
-    RunState s;
-    int alive;              /* 0 once a non-evicting cache is full: it scores nothing more in this document */
-    int is_shadow;
-    Nll all;                /* every token it scored */
-    Nll span;               /* tokens in the span every policy covered (position < ctx) */
-    double kl, top1, dp, dnll;   /* Σ over the span, against the shadow */
-    double *recall;         /* (n_layers) Σ over steps and kv heads of attention-mass recall */
-    double *recall_topk;    /* (n_layers) the same for the exact top-B positions of the shadow's attention, B the
-                               policy's budget: the recall no choice of B positions can beat */
-    double *recall_lane;    /* (n_layers * n_kv_heads) Σ over steps of each lane's recall (recall_per_lane, -calib) */
-    long recall_n;          /* steps counted per layer (× n_kv_heads in the sum) */
-    double cur_nll;         /* this token's NLL, for -tokenlog (NaN when the run scored nothing) */
-    EvalToken cur;          /* this token's figures against the shadow, for -tokenlog (inside the span) */
-    double *cur_recall;     /* (chunk) per token of the current chunk: Σ over layers of its recall, for -tokenlog */
-    double seconds;         /* time in this run's forward pass (its share of the lockstep run) */
-    KVLog kvlog;            /* -kvlog's writer for this cache */
-    IdList view;            /* ppl: the current document's token ids, for the log (not owned) */
-    IdList asked;           /* passkey: every token fed since the question's cache reset, by position (owned) */
-    KVBytes peak;           /* the largest allocation and live bytes seen */
-    EvalCover cover;        /* merge=1: what each live slot covers, for recall (next NULL: not followed) */
-} PolicyRun;
 
 typedef struct {
     const Model *m;
@@ -500,7 +467,7 @@ EvalToken eval_token(const float *ref, double lse_ref, const float *x, double ls
 }
 
 /* caps: (n_layers * n_kv_heads) slots of each lane (kv_cache_init_lanes: o->kv_caps, duo's lanes), or NULL. */
-static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, const char *spec_text, int ctx, int shadow,
+void policy_run_init(PolicyRun *r, const Model *m, const Options *o, const char *spec_text, int ctx, int shadow,
                             int chunk, const int *caps) {
     KVType kvt = o->kvt;
     const char *mode = o->mode;
@@ -522,7 +489,7 @@ static void policy_run_init(PolicyRun *r, const Model *m, const Options *o, cons
     r->is_shadow = shadow;
 }
 
-static void policy_run_free(PolicyRun *r) {
+void policy_run_free(PolicyRun *r) {
     line_free(&r->kvlog.line);
     free(r->asked.ids);
     kv_cache_free(&r->cache);
@@ -584,7 +551,7 @@ static void lowrank_spectrum_report(const PolicyRun *r, Line *ln) {
     fprintf(stderr, "\n");
 }
 
-static void note_bytes(PolicyRun *r) {
+void note_bytes(PolicyRun *r) {
     KVBytes b = kv_bytes(&r->cache);
     if (b.total_alloc > r->peak.total_alloc) r->peak.total_alloc = b.total_alloc;
     if (b.peak_live > r->peak.peak_live) r->peak.peak_live = b.peak_live;
@@ -616,7 +583,7 @@ static Doc tokenize_doc(const Model *m, const char *path, Sha256 *text_sha) {
     return d;
 }
 
-static void progress(double t_start, long done, long total, const char *what) {
+void progress(double t_start, long done, long total, const char *what) {
     static double last = 0;
     double now = now_s();
     if (done < total && now - last < 5.0) return;
@@ -1249,9 +1216,9 @@ int run_bench(Model *m, const Options *o) {
  * second, nothing recomputed.
  * ------------------------------------------------------------------------------------------------------------- */
 
-static const char PK_PREFIX[] = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
+const char PK_PREFIX[] = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
                                 "them. I will quiz you about the important information there.";
-static const char PK_FILLER[] = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+const char PK_FILLER[] = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
 
 typedef struct { char *s; size_t n, cap; } Str;
 static void str_add(Str *b, const char *t) {
@@ -1266,7 +1233,7 @@ static void str_add(Str *b, const char *t) {
 }
 
 /* Encode text and append to ids (growing *cap). */
-static void encode_append(const Model *m, const char *text, int add_bos, int **ids, size_t *n, size_t *cap) {
+void encode_append(const Model *m, const char *text, int add_bos, int **ids, size_t *n, size_t *cap) {
     int *t;
     size_t nt;
     char err[256];
@@ -1315,28 +1282,33 @@ static int prefix_tokens(const Model *m, const char *text, size_t bytes) {
     return (int)n;
 }
 
-/* What passkey_ask returns besides an answer (a non-negative integer). */
-enum { PK_NO_NUMBER = -1, PK_CACHE_FULL = -2, PK_STOPPED = -3 };
 
-/* Greedy answer of up to max_new tokens; returns the first integer in it (a run of decimal digits, leading zeros
- * dropped, at most 9 digits read), or PK_NO_NUMBER; the text in buf. Feeds every generated token so the cache can
- * continue. PK_CACHE_FULL when the cache filled up, PK_STOPPED on SIGINT/SIGTERM. */
-static long passkey_answer(Model *m, PolicyRun *r, int *pos, int max_new, char *buf, size_t cap) {
+int eval_answer(Model *m, PolicyRun *r, int *pos, int max_new, int stop, char *buf, size_t cap) {
     TokenDecoder d;
     tokdec_init(&d, &m->tokenizer);
     size_t n = 0;
     char piece[TOKDEC_OUT_MAX];
+    int rc = 0;
+    buf[0] = 0;
     for (int k = 0; k < max_new; k++) {
         int next = sample_argmax(r->s.logits, m->config.vocab_size);
-        if (tokenizer_is_eog(&m->tokenizer, next)) break;
+        if (tokenizer_is_eog(&m->tokenizer, next) || next == stop) break;
         size_t len = tokdec_push(&d, next, piece, sizeof piece);
         if (n + len < cap) { memcpy(buf + n, piece, len); n += len; }
         ids_push(&r->asked, next);
-        if (forward(m, &r->s, &r->cache, next, (*pos)++)) return PK_CACHE_FULL;
-        if (run_signal) return PK_STOPPED;
+        if (forward(m, &r->s, &r->cache, next, (*pos)++)) { rc = PK_CACHE_FULL; break; }
+        if (run_signal) { rc = PK_STOPPED; break; }
     }
     buf[n] = 0;
-    return passkey_first_integer(buf);
+    return rc;
+}
+
+/* Greedy answer of up to max_new tokens (eval_answer); returns the first integer in it (a run of decimal digits,
+ * leading zeros dropped, at most 9 digits read), or PK_NO_NUMBER; the text in buf. PK_CACHE_FULL when the cache
+ * filled up, PK_STOPPED on SIGINT/SIGTERM. */
+static long passkey_answer(Model *m, PolicyRun *r, int *pos, int max_new, char *buf, size_t cap) {
+    int rc = eval_answer(m, r, pos, max_new, -1, buf, cap);
+    return rc ? rc : passkey_first_integer(buf);
 }
 
 long passkey_first_integer(const char *text) {
@@ -1351,7 +1323,7 @@ long passkey_first_integer(const char *text) {
 
 /* Prefill ids[0..n) from position *pos, `chunk` tokens at a time (forward_prefill); *pos advances. 0, PK_CACHE_FULL,
  * or PK_STOPPED when SIGINT/SIGTERM came between two chunks. */
-static int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chunk) {
+int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chunk) {
     for (size_t i = 0; i < n; i += (size_t)chunk) {
         size_t k = n - i < (size_t)chunk ? n - i : (size_t)chunk;
         if (forward_prefill(m, &r->s, &r->cache, ids + i, k, *pos, chunk)) return PK_CACHE_FULL;

@@ -379,7 +379,8 @@ typedef struct {
 int run_context(const Model *m, const Options *o) {
     if (o->ctx) return o->ctx;
     int trained = m->config.seq_len;
-    return !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench") ? (trained < 2048 ? trained : 2048) : trained;
+    int capped = !strcmp(o->mode, "passkey") || !strcmp(o->mode, "task") || !strcmp(o->mode, "bench");
+    return capped ? (trained < 2048 ? trained : 2048) : trained;
 }
 
 static void session_init(Session *se, Model *m, const Options *o, uint64_t seed) {
@@ -589,7 +590,8 @@ static int chatml_default_system(const Model *m, char *buf, size_t cap) {
  * (tokenizer_encode_special), as llama.cpp tokenizes a rendered chat: a user text that starts with "\n\n" is then
  * tokenized together with the "\n" before it, and marker text inside a message becomes the marker, as there.
  * Returns the id that ends the assistant's turn (-1 if only EOS does). */
-static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *system, const char *user, int first) {
+static void chat_render_text(Line *tl, int *bos_out, const char **end_out, ChatFormat fmt, const char *system,
+                             const char *user, int first) {
     const char *end_marker = NULL;
     int bos = 0;   /* Llama 3 opens the conversation with BOS, Llama 2 every turn */
     Line t = {0};
@@ -613,6 +615,16 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
         break;
     default: fatal("the model has no chat template kvlab knows (ChatML, Llama 2, Llama 3); use -m generate");
     }
+    *tl = t;
+    *bos_out = bos;
+    *end_out = end_marker;
+}
+
+static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *system, const char *user, int first) {
+    Line t;
+    int bos;
+    const char *end_marker;
+    chat_render_text(&t, &bos, &end_marker, fmt, system, user, first);
     int *ids;
     size_t n;
     char err[256];
@@ -626,6 +638,25 @@ static int chat_render(IdList *l, const Model *m, ChatFormat fmt, const char *sy
     int stop = tokenizer_find(&m->tokenizer, end_marker);
     if (stop < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", end_marker);
     return stop;
+}
+
+int chat_prompt_text(Line *t, int *bos, int *stop, const Model *m, const char *system, const char *user, int first) {
+    ChatFormat fmt = chat_format(m);
+    if (fmt == CHAT_NONE) return -1;
+    char sysbuf[1024];
+    if (!system && fmt == CHAT_CHATML && chatml_default_system(m, sysbuf, sizeof sysbuf)) system = sysbuf;
+    const char *end_marker;
+    Line turn;
+    chat_render_text(&turn, bos, &end_marker, fmt, system, user, first);
+    *t = (Line){0};
+    /* a later turn first closes the assistant's answer as run_chat does: ChatML "<|im_end|>\n", Llama 3 "<|eot_id|>" */
+    if (!first && end_marker) line_printf(t, "%s%s", end_marker, fmt == CHAT_CHATML ? "\n" : "");
+    line_printf(t, "%s", turn.s);
+    line_free(&turn);
+    *bos = *bos && m->tokenizer.bos_id >= 0;
+    *stop = end_marker ? tokenizer_find(&m->tokenizer, end_marker) : -1;
+    if (end_marker && *stop < 0) fatal("the model's vocabulary has no token '%s' that its chat format needs", end_marker);
+    return 0;
 }
 
 /* The start line on stderr: model shape, the resolved policy and budget, seed, threads. */

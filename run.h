@@ -107,7 +107,7 @@ typedef struct {
 } KVLog;
 void kvlog_attach(KVLog *lg, OutFile *out, const Model *m, const IdList *stream, KVCache *c);
 
-/* The context (-c) a mode runs with, tokens: -c, else the trained context (passkey and bench: at most 2048). It is
+/* The context (-c) a mode runs with, tokens: -c, else the trained context (passkey, task and bench: at most 2048). It is
  * full's lanes, the shadow's length, and the tokens duo's calibration reads (eval_calib): one rule for all. */
 int run_context(const Model *m, const Options *o);
 
@@ -115,5 +115,12 @@ int run_context(const Model *m, const Options *o);
  * line on stderr. cuda: attention on the device mirror (attn.h). Returns the exit status (0; 1 when a prompt does not
  * fit under full; 128 + the signal when SIGINT/SIGTERM stopped it). */
 int run_generate_chat(Model *m, const Options *o, int cuda);
+/* One user turn in the model's chat format (ChatML, Llama 2, Llama 3; the first turn opens with the system turn:
+ * `system`, or ChatML's default one from the template when NULL; a later one with the close of the assistant's
+ * answer before it, as -m chat feeds it), ending where the assistant's answer begins, as the text that
+ * tokenizer_encode_special encodes: into *t (initialized here; line_free it). *bos: 1 when BOS goes before it;
+ * *stop: the id that ends the assistant's turn, or -1 when only EOS does. Returns 0, or -1 (t untouched) when the
+ * model has no chat template kvlab knows. */
+int chat_prompt_text(Line *t, int *bos, int *stop, const Model *m, const char *system, const char *user, int first);
 
 #endif

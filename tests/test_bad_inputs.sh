@@ -218,7 +218,7 @@ expect "-lengths 512,1k"         "'1k' is not a token count"       "$RUN" "$V" -
 expect "-lengths 2.5"            "'2.5' is not a token count"      "$RUN" "$V" -m passkey -lengths 2.5
 expect "-lengths 64,64"          "64 is given twice"               "$RUN" "$V" -m passkey -lengths 64,64
 expect "-passkey2 2"             "bad -passkey2 '2'"               "$RUN" "$V" -m passkey -passkey2 2
-expect "-depths in ppl"          "-depths is not used by -m ppl \(it is for passkey\)" "$RUN" "$R" -m ppl -f "$d/ids.txt" -depths 0.5
+expect "-depths in ppl"          "-depths is not used by -m ppl \(it is for passkey and task\)" "$RUN" "$R" -m ppl -f "$d/ids.txt" -depths 0.5
 expect "-lengths in ppl"         "-lengths is not used by -m ppl" "$RUN" "$R" -m ppl -f "$d/ids.txt" -lengths 64
 expect "bench -lengths over -c"  "-lengths: a context of 64 tokens and 32 decode steps is over -c 64" "$RUN" "$R" -m bench -c 64 -lengths 64
 expect "-passkey2 in generate"   "-passkey2 is not used by -m generate" "$RUN" "$R" -i 1 -passkey2 0

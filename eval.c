@@ -299,29 +299,20 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     int H = c->shape.n_heads, G = c->shape.n_kv_heads, group = H / G;
     const float *sp = e->shadow_prob + (size_t)(pos - e->pos0) * H * e->ctx;
     double sum = 0;
-    if (hc->r->cover.next) {   /* merge=1: every position each live slot covers (EvalCover) */
+    if (hc->r->cover.next || c->merges || c->policy.ops->select) {
         for (int g = 0; g < G; g++) {
             double r = 0;
-            int n = kv_lane_positions(c, l, g, e->spans, c->budget);
-            for (int hh = 0; hh < group; hh++)
-                r += eval_cover_mass(&hc->r->cover, l * G + g, e->spans, n, sp + (size_t)(g * group + hh) * e->ctx);
-            hc->r->recall_lane[l * G + g] += r / group;
-            sum += r / group;
-        }
-        hc->r->recall[l] += sum / G;
-        hc->r->cur_recall[pos - e->pos0] += sum / G;
-        hc->r->recall_topk[l] += c->policy.budget <= pos ? recall_topk(e, c, sp, pos) : 1;
-        if (l == 0) hc->r->recall_n++;
-        return;
-    }
-    if (c->merges || c->policy.ops->select) {   /* what the query read, as position ranges (kv_lane_read) */
-        for (int g = 0; g < G; g++) {
-            int n = kv_lane_read(c, l, g, e->spans, c->budget);
-            double r = 0;
-            for (int hh = 0; hh < group; hh++) {
-                const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
-                for (int j = 0; j < n; j++)
-                    for (int p = e->spans[2 * j]; p <= e->spans[2 * j + 1]; p++) r += ph[p];
+            if (hc->r->cover.next) {   /* merge=1: every position each live slot covers (EvalCover) */
+                int n = kv_lane_positions(c, l, g, e->spans, c->budget);
+                for (int hh = 0; hh < group; hh++)
+                    r += eval_cover_mass(&hc->r->cover, l * G + g, e->spans, n, sp + (size_t)(g * group + hh) * e->ctx);
+            } else {   /* what the query read, as position ranges (kv_lane_read) */
+                int n = kv_lane_read(c, l, g, e->spans, c->budget);
+                for (int hh = 0; hh < group; hh++) {
+                    const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
+                    for (int j = 0; j < n; j++)
+                        for (int p = e->spans[2 * j]; p <= e->spans[2 * j + 1]; p++) r += ph[p];
+                }
             }
             hc->r->recall_lane[l * G + g] += r / group;
             sum += r / group;
@@ -1220,8 +1211,7 @@ const char PK_PREFIX[] = "There is an important info hidden inside a lot of irre
                                 "them. I will quiz you about the important information there.";
 const char PK_FILLER[] = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
 
-typedef struct { char *s; size_t n, cap; } Str;
-static void str_add(Str *b, const char *t) {
+void str_add(Str *b, const char *t) {
     size_t k = strlen(t);
     if (b->n + k + 1 > b->cap) {
         b->cap = (b->n + k + 1) * 2;

@@ -11,6 +11,10 @@ typedef struct { uint32_t h[8]; uint8_t buf[64]; uint64_t n; } Sha256;
 void sha_init(Sha256 *s);
 void sha_update(Sha256 *s, const void *data, size_t len);
 
+/* A growing NUL-terminated string (prompts): s holds n bytes; str_add appends t, exiting on out of memory. */
+typedef struct { char *s; size_t n, cap; } Str;
+void str_add(Str *b, const char *t);
+
 /* Records: every JSON line carries the command line, git commit, model and text digests, seed and threads. */
 typedef struct {
     Line cmdline;          /* the command line, shell-quoted so that it can be run again */

@@ -53,18 +53,6 @@ int task_min_units(TaskKind kind) {
  * Generators.
  * ------------------------------------------------------------------------------------------------------------- */
 
-typedef struct { char *s; size_t n, cap; } Buf;
-static void buf_add(Buf *b, const char *t) {
-    size_t k = strlen(t);
-    if (b->n + k + 1 > b->cap) {
-        b->cap = (b->n + k + 1) * 2;
-        b->s = realloc(b->s, b->cap);
-        if (!b->s) fatal("out of memory");
-    }
-    memcpy(b->s + b->n, t, k + 1);
-    b->n += k;
-}
-
 /* A made-up word of six lower-case letters, consonant-vowel three times (14 * 5 syllables: 343,000 words). All words
  * have one length, so no word is part of another and the scorer's substring match is a word match. */
 static void draw_word(char *w, uint64_t *rng) {
@@ -103,15 +91,15 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
 
 /* The haystack: units 0 .. n_units - 1 of filler, needle k just before unit needle_unit[k] (needles at one unit in
  * index order); records each needle's byte offset. */
-static void emit_haystack(Buf *b, TaskItem *it) {
+static void emit_haystack(Str *b, TaskItem *it) {
     it->haystack_at = b->n;
     for (int u = 0; u <= it->n_units; u++) {
         for (int k = 0; k < it->n_needles; k++)
             if (it->needle_unit[k] == u) {
                 it->needle_at[k] = b->n;
-                buf_add(b, it->needle[k]);
+                str_add(b, it->needle[k]);
             }
-        if (u < it->n_units) buf_add(b, PK_FILLER);
+        if (u < it->n_units) str_add(b, PK_FILLER);
     }
     it->question_at = b->n;
 }
@@ -119,7 +107,7 @@ static void emit_haystack(Buf *b, TaskItem *it) {
 /* cwe: the list of n_units entries " 1. word" ..., the top words task_cwe_freq_common(n_units) times each, rare words
  * TASK_CWE_FREQ_RARE times each (the last rare word fewer when the rest does not divide), in seeded order. The words
  * come first from the seed (the first 10 the top), so they do not depend on n_units beyond how many are used. */
-static void emit_cwe(Buf *b, TaskItem *it, uint64_t *rng) {
+static void emit_cwe(Str *b, TaskItem *it, uint64_t *rng) {
     int n = it->n_units, fc = task_cwe_freq_common(n);
     int n_rare = (n - TASK_CWE_TOP * fc + TASK_CWE_FREQ_RARE - 1) / TASK_CWE_FREQ_RARE;
     int n_words = TASK_CWE_TOP + n_rare;
@@ -139,7 +127,7 @@ static void emit_cwe(Buf *b, TaskItem *it, uint64_t *rng) {
     char entry[40];
     for (int i = 0; i < n; i++) {
         snprintf(entry, sizeof entry, " %d. %s", i + 1, words[slot[i]]);
-        buf_add(b, entry);
+        str_add(b, entry);
     }
     it->question_at = b->n;
     for (int w = 0; w < TASK_CWE_TOP; w++) memcpy(it->expected[w], words[w], sizeof it->expected[w]);
@@ -167,10 +155,10 @@ int task_generate(TaskItem *it, TaskKind kind, int n_units, double depth, uint64
     it->depth = kind == TASK_CWE ? NAN : depth;
     uint64_t rng = seed;
     int at = (int)floor(depth * n_units + 0.5);   /* the asked needle's unit, as -m passkey places its key */
-    Buf b = {0};
+    Str b = {0};
     char q[256], p[256];
     if (kind == TASK_CWE) {
-        buf_add(&b, "Below is a numbered list of words. Some of them appear more often than the others; remember which "
+        str_add(&b, "Below is a numbered list of words. Some of them appear more often than the others; remember which "
                     "ones.");
         emit_cwe(&b, it, &rng);
         snprintf(q, sizeof q, " Question: which %d words appear most often in the list above?", TASK_CWE_TOP);
@@ -182,7 +170,7 @@ int task_generate(TaskItem *it, TaskKind kind, int n_units, double depth, uint64
         it->needle_unit[0] = at;
         snprintf(it->needle[0], sizeof it->needle[0], " The pass key is %s. Remember it. %s is the pass key.",
                  it->expected[0], it->expected[0]);
-        buf_add(&b, PK_PREFIX);
+        str_add(&b, PK_PREFIX);
         emit_haystack(&b, it);
         snprintf(q, sizeof q, " What is the pass key?");
         snprintf(p, sizeof p, "The pass key is");
@@ -209,7 +197,7 @@ int task_generate(TaskItem *it, TaskKind kind, int n_units, double depth, uint64
         }
         for (int h = 0; h < per; h++) memcpy(it->expected[h], vars[h], sizeof it->expected[h]);
         it->n_expected = per;
-        buf_add(&b, "Follow the chains of variable assignments hidden in the text below; a question about them comes "
+        str_add(&b, "Follow the chains of variable assignments hidden in the text below; a question about them comes "
                     "after it.");
         emit_haystack(&b, it);
         snprintf(q, sizeof q, " Question: which variables hold the value %s, assigned directly or through other "
@@ -231,7 +219,7 @@ int task_generate(TaskItem *it, TaskKind kind, int n_units, double depth, uint64
         /* single and multikey ask needle 0's key (one value); multivalue and multiquery every value */
         it->n_expected = kind == TASK_NIAH_SINGLE || kind == TASK_NIAH_MULTIKEY ? 1 : n_needles;
         for (int k = 0; k < it->n_expected; k++) memcpy(it->expected[k], values[k], sizeof it->expected[k]);
-        buf_add(&b, "Some special magic numbers are hidden in the long text below. Find them and remember them; a "
+        str_add(&b, "Some special magic numbers are hidden in the long text below. Find them and remember them; a "
                     "question about them comes after the text.");
         emit_haystack(&b, it);
         if (kind == TASK_NIAH_MULTIQUERY) {
@@ -247,7 +235,7 @@ int task_generate(TaskItem *it, TaskKind kind, int n_units, double depth, uint64
             snprintf(p, sizeof p, "The special magic number for %s mentioned in the text above is", keys[0]);
         }
     }
-    buf_add(&b, q);
+    str_add(&b, q);
     it->text = b.s;
     it->prefix = str_dup(p);
     return 0;
@@ -280,11 +268,11 @@ int task_generate_shared(TaskItem *it, int n_units, int n_questions, double dept
         snprintf(it->qprefix[k], sizeof it->qprefix[k], "The special magic number for %.15s mentioned in the text "
                  "above is", keys[k]);
     }
-    Buf b = {0};
-    buf_add(&b, "Some special magic numbers are hidden in the long text below. Find them and remember them; questions "
+    Str b = {0};
+    str_add(&b, "Some special magic numbers are hidden in the long text below. Find them and remember them; questions "
                 "about them come after the text.");
     emit_haystack(&b, it);
-    buf_add(&b, it->question[0]);
+    str_add(&b, it->question[0]);
     it->text = b.s;
     it->prefix = str_dup(it->qprefix[0]);
     return 0;

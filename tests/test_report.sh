@@ -55,7 +55,7 @@ check default "full grid: compress over the 8,192 tokens of main (the frontier's
     "plan: compress: ./run models/smollm2-135m-instruct.bin -m ppl -f report/text_8192.txt.dat -c 8192 -chunk 64 -kv full,type=q2 " \
     "-kv h2o:410,merge=1 -kv h2o:820,merge=1 -kv sink:820,merge=1 -kv window:820,merge=1 -kv pool:820 " "-kv topk:256 -kv quest:256 -o report/compress.dat"
 check quick "REPORT_QUICK=1: compress with six caches over 512 tokens" 0 \
-    "plan: compress: ./run models/smollm2-135m-instruct.bin -m ppl -f build/report-quick/text_512.txt.dat -c 512 -chunk 64 -kv full,type=q2 -kv full,type=q2,kgroup=channel -kv full,krank=16 -kv h2o:52,merge=1 -kv pool:52 -kv topk:16 -o build/report-quick/compress.dat"
+    "plan: compress: ./run models/smollm2-135m-instruct.bin -m ppl -f build/report-quick/text_512.txt.dat -c 512 -chunk 64 -kv full,type=q2 -kv full,type=q2,kgroup=channel -kv full,krank=16,calib=128 -kv h2o:52,merge=1 -kv pool:52 -kv topk:16 -o build/report-quick/compress.dat"
 check quick "REPORT_QUICK=1: select at B 32 and 64, tiers on quest:64, passkey_sel at -c 1024 with five policies" 0 \
     "plan: select: ./run models/smollm2-135m-instruct.bin -m ppl -f build/report-quick/text_512.txt.dat -c 512 -n 512 -chunk 64 -kv topk:32 -kv quest:32" \
     "-kv tova:64 -o build/report-quick/select.dat" "-kv quest:64,fast=10%,prefetch=1 -kv quest:64,fast=25%" \

@@ -113,7 +113,7 @@ PKS_DEPTHS=0.25,0.5,0.75
 # the compression frontier (with main's and quant's caches: same text, -c and shadow); B5 = 5% of N
 B5=$(((N + 19) / 20))
 if [ "$QUICK" = 1 ]; then
-    COMP=("full,type=q2" "full,type=q2,kgroup=channel" "full,krank=16" "h2o:$B10,merge=1" "pool:$B10" "topk:$S")
+    COMP=("full,type=q2" "full,type=q2,kgroup=channel" "full,krank=16,calib=$((N / 4))" "h2o:$B10,merge=1" "pool:$B10" "topk:$S")
 else
     COMP=("full,type=q2" "full,type=q2,residual=128" "full,type=q2,kgroup=channel" "full,type=q2,kgroup=channel,residual=128"
           "full,type=q4,kgroup=channel" "full,ktype=f16" "full,kprec=f32:128/q4,vprec=f32:128/q8"

@@ -2,7 +2,8 @@
  *   - the eigen solver on seeded random second moments (n = 1, 2, 7, 64, 256) and on degenerate ones: converged,
  *     eigenvalues in decreasing order, eigenvectors orthonormal and A·v = λ·v, the trace kept, within bounds derived
  *     from double rounding (tests/test_lowrank_eigh.sh compares it with NumPy's eigh through the modes below);
- *   - spec errors: bad ranks, calib= alone, q4 over an odd rank, the combinations not built (prec=, merging, fast=);
+ *   - spec errors: bad ranks, calib= alone, q4 over an odd rank, the combinations not built (prec=,
+ *     merging, merge-on-evict, per-channel keys, fast=);
  *   - before calib tokens the cache gives the bits of the same spec without rank= (f32 and q8, both position modes,
  *     eviction before the fit included);
  *   - at full rank (R = head_dim, f32 coefficients) every reconstructed key and value is the original within the
@@ -131,6 +132,8 @@ static void test_spec_errors(void) {
         {"full,rank=8,type=q8,residual=8", "not with prec= or residual="},
         {"pool:32,group=2,rank=8", "merging policy"},
         {"full,rank=8,fast=50%", "memory tiers"},
+        {"h2o:16,rank=8,merge=1", "merge-on-evict"},
+        {"full,rank=8,type=q4,kgroup=channel", "kgroup=channel"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = tcache_error(&s, bad[i].spec, err, sizeof err);

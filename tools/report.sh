@@ -535,13 +535,16 @@ for k in ("evict", "quant", "both"):
     with open(os.path.join(R, "b_%s.tab.dat" % k), "w") as f:
         for r in sorted((r for r in rows if kind(r["kv"]) == k), key=lambda r: r["kv_alloc_bytes"]):
             f.write('%.6g %.6g "%s" %s\n' % (r["kv_alloc_bytes"] / 1048576, r["kl"], r["kv"], fam(r["kv"])))
-# the lower envelope: the caches no other cache beats with both fewer bytes and a lower KL
-with open(os.path.join(R, "b_envelope.tab.dat"), "w") as f:
-    best = math.inf
-    for r in sorted(rows, key=lambda r: (r["kv_alloc_bytes"], r["kl"])):
-        if r["kl"] < best:
-            best = r["kl"]
-            f.write('%.6g %.6g "%s"\n' % (r["kv_alloc_bytes"] / 1048576, r["kl"], r["kv"]))
+# the lower envelope over the bytes in column col: the caches no other cache beats with both fewer bytes and a lower
+# KL, as "MiB KL spec" lines
+def envelope(path, rs, col):
+    with open(path, "w") as f:
+        best = math.inf
+        for r in sorted(rs, key=lambda r: (r[col], r["kl"])):
+            if r["kl"] < best:
+                best = r["kl"]
+                f.write('%.6g %.6g "%s"\n' % (r[col] / 1048576, r["kl"], r["kv"]))
+envelope(os.path.join(R, "b_envelope.tab.dat"), rows, "kv_alloc_bytes")
 with open(os.path.join(R, "b_full.tab.dat"), "w") as f:
     for r in main:
         if r["kv"] == "full": f.write("%.6g\n" % (r["kv_alloc_bytes"] / 1048576))
@@ -629,12 +632,7 @@ for fm in ("eviction", "precision", "merging", "low rank", "selection", "evictio
         for r in sorted((r for r in FRONT if family(r["kv"]) == fm), key=lambda r: r["kv_alloc_bytes"]):
             f.write('%.6g %.6g %.6g "%s"\n' % (r["kv_alloc_bytes"] / MiB, r["kv_read_bytes_per_token"] / MiB, r["kl"], r["kv"]))
 for col, name in (("kv_alloc_bytes", "alloc"), ("kv_read_bytes_per_token", "read")):
-    with open(os.path.join(R, "i_envelope_%s.tab.dat" % name), "w") as f:
-        best = math.inf
-        for r in sorted(FRONT, key=lambda r: (r[col], r["kl"])):
-            if r["kl"] < best:
-                best = r["kl"]
-                f.write('%.6g %.6g "%s"\n' % (r[col] / MiB, r["kl"], r["kv"]))
+    envelope(os.path.join(R, "i_envelope_%s.tab.dat" % name), FRONT, col)
 EOF
 
 # (c) per-token NLL from -tokenlog, one column per chosen policy, then a trailing moving average (awk)

@@ -63,14 +63,12 @@ decode() {   # MODEL -> decode tok/s at context 256
     grep '"context":256,' "$tmp/b.jsonl" | grep -o '"decode_tok_s":[0-9.]*' | cut -d: -f2 | grep . ||
         { echo "bench: ./run $1 -m bench gave no context-256 record" >&2; exit 1; }
 }
-ppl() {   # CHUNK -> tok/s per policy run
-    ./run "$F32" -m ppl -f "$tmp/ppl.txt" -c 2048 -chunk "$1" 2>&1 | grep -o '[0-9.]* tok/s per policy run' | cut -d' ' -f1 |
-        grep . || { echo "bench: ./run -m ppl -chunk $1 failed" >&2; exit 1; }
+ppl() {   # CTX CHUNK [ARGS...] -> tok/s per policy run of ./run -m ppl -c CTX -chunk CHUNK on the text
+    local ctx=$1 chunk=$2; shift 2
+    ./run "$F32" -m ppl -f "$tmp/ppl.txt" -c "$ctx" "$@" -chunk "$chunk" 2>&1 | grep -o '[0-9.]* tok/s per policy run' |
+        cut -d' ' -f1 | grep . || { echo "bench: ./run -m ppl -c $ctx $* -chunk $chunk failed" >&2; exit 1; }
 }
-ppl_evict() {   # CHUNK -> tok/s per policy run of h2o:64 and sink:64 at -c 256
-    ./run "$F32" -m ppl -f "$tmp/ppl.txt" -c 256 -kv h2o:64 -kv sink:64 -chunk "$1" 2>&1 |
-        grep -o '[0-9.]* tok/s per policy run' | cut -d' ' -f1 | grep . || { echo "bench: ./run -m ppl -c 256 -chunk $1 failed" >&2; exit 1; }
-}
+EVICT=(-kv h2o:64 -kv sink:64)   # at -c 256: evicting policies at steady state, every token past 64 evicts
 LONG_CTX=(256 1024 4096 8192)
 long_decode() {   # BW -> "spec context p50_ms fraction_of_limit" lines, f32 weights, f32 and q8 KV
     rm -f "$tmp/long.jsonl"
@@ -107,10 +105,10 @@ for r in $(seq 1 "$RUNS"); do
         [ -n "${LLAMA_Q8:-}" ] && R[llama_q8]+="$(llama "$LLAMA_Q8") "
     fi
     if [ "$r" -le "$PPL_RUNS" ]; then
-        c64=$(ppl 64); c1=$(ppl 1)
+        c64=$(ppl 2048 64); c1=$(ppl 2048 1)
         R[ppl64]+="$c64 "; R[ppl1]+="$c1 "
         R[ppl_x]+="$(awk -v a="$c64" -v b="$c1" 'BEGIN { printf "%.2f", a / b }') "
-        e64=$(ppl_evict 64); e1=$(ppl_evict 1)
+        e64=$(ppl 256 64 "${EVICT[@]}"); e1=$(ppl 256 1 "${EVICT[@]}")
         R[ev64]+="$e64 "; R[ev1]+="$e1 "
         R[ev_x]+="$(awk -v a="$e64" -v b="$e1" 'BEGIN { printf "%.2f", a / b }') "
         while read -r S tps; do R[batch_$S]+="$tps "; [ "$S" = 1 ] && b1=$tps

@@ -912,6 +912,11 @@ int run_ppl(Model *m, const Options *o) {
         }
     if (o->verbose)
         for (int k = 0; k < n_runs; k++) lowrank_spectrum_report(&runs[k], NULL);
+    for (int k = 0; k < n_runs; k++)   /* a low-rank cache whose basis never came: its bytes are full rank's */
+        if (runs[k].cache.stage)
+            fprintf(stderr, "ppl: note: '%s': the low-rank basis was never fitted (calib is %d tokens, the run "
+                    "fed %ld), so every vector stayed at full rank in the staging rows and its bytes above count "
+                    "them: give calib= below the tokens fed\n", runs[k].cache.spec.text, runs[k].cache.calib, done);
     fprintf(stderr, "ppl: %.1f s, %.1f tok/s per policy run, peak RSS %.1f MiB\n", secs,
             secs > 0 ? (double)done * n_runs / secs : 0, peak_rss_kib() / 1024.0);
     if (partial && chunked)

@@ -196,6 +196,7 @@ static int parse_lowrank(KVSpec *sp, const char *key, const char *val, const cha
                           key, val, text);
         if ((bit == 4 && (*seen & 3)) || (bit != 4 && (*seen & 4)))
             return errorf(err, errlen, "'%s' conflicts with rank= in '%s': give rank= or krank=/vrank=", key, text);
+        sp->rank_joint = bit == 4;
         if (bit != 2) sp->krank = (int)x;
         if (bit != 1) sp->vrank = (int)x;
     }
@@ -680,7 +681,7 @@ static int lowrank_check(const KVCache *c, const KVShape *s, const KVSpec *sp, c
     for (int side = 0; side < 2; side++) {
         int r = side ? sp->vrank : sp->krank;
         KVType ty = side ? c->band_vtype[0] : c->band_ktype[0];
-        const char *key = side ? "vrank" : "krank";
+        const char *key = sp->rank_joint ? "rank" : side ? "vrank" : "krank";
         if (r > s->head_dim)
             return errorf(err, errlen, "%s=%d in '%s' is over head_dim %d: a rank is in [1, %d]", key, r, sp->text,
                           s->head_dim, s->head_dim);
@@ -927,6 +928,7 @@ static int spec_merge(KVCache *c, const KVPolicyOps *ops, char *err, size_t errl
     if (strcmp(v, "0") && strcmp(v, "1"))
         return errorf(err, errlen, "bad merge=%s in '%s': 0 or 1 (1: merge-on-evict, each victim merged into its most "
                       "similar kept slot)", v, c->spec.text);
+    if (v[0] == '0') return 0;   /* merge=0 is the default, explicit: no merging, on any policy */
     if (ops->merge)
         return errorf(err, errlen, "'%s': %s merges by its own rule already (adjacent tokens), so it takes no merge=; "
                       "merge=1 (merge-on-evict) is for the eviction policies: %s", c->spec.text, c->spec.name, names);
@@ -940,6 +942,41 @@ static int spec_merge(KVCache *c, const KVPolicyOps *ops, char *err, size_t errl
                       names);
     c->merge_evict = v[0] == '1';
     return 0;
+}
+
+/* Bits per element of a storage type, for ordering precisions (f16 and bf16 both 16). */
+static int type_precision(KVType t) { return t == KV_F32 ? 32 : t == KV_F16 || t == KV_BF16 ? 16 : kv_type_bits(t); }
+
+/* Notes on stderr for a spec that runs but does not do what it seems to ask (after a successful init, so every lane's
+ * bands are known): a precision band no lane reaches, a per-channel key group no lane can fill, precision rising with
+ * age, a rank of head_dim. Each is legal (a test or a sweep may want it), so none is an error. */
+static void spec_notes(const KVCache *c) {
+    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads, max_slots[KV_MAX_BANDS] = {0};
+    for (int i = 0; i < n_lanes; i++)
+        for (int b = 0; b < c->n_bands; b++)
+            if (c->lanes[i].band_slots[b] > max_slots[b]) max_slots[b] = c->lanes[i].band_slots[b];
+    for (int b = 1; b < c->n_bands; b++)
+        if (!max_slots[b])
+            fprintf(stderr, "kv: note: '%s': band %d (keys %s, values %s) is never reached: a lane holds %d slots, "
+                    "all in the newer bands\n", c->spec.text, b + 1, kv_type_names[c->band_ktype[b]],
+                    kv_type_names[c->band_vtype[b]], c->budget);
+    for (int b = 0; b < c->n_bands; b++)
+        if (c->band_kchan[b] && max_slots[b] && max_slots[b] < c->kgroup)
+            fprintf(stderr, "kv: note: '%s': kgsize=%d is over the %d slots of the per-channel key band, so no group "
+                    "ever fills and its keys stay in f32\n", c->spec.text, c->kgroup, max_slots[b]);
+    for (int b = 0; b + 1 < c->n_bands; b++)
+        if (type_precision(c->band_ktype[b]) < type_precision(c->band_ktype[b + 1])
+            || type_precision(c->band_vtype[b]) < type_precision(c->band_vtype[b + 1])) {
+            fprintf(stderr, "kv: note: '%s': precision rises with age (band %d %s/%s is newer than band %d %s/%s): "
+                    "the newest tokens get the fewer bits\n", c->spec.text, b + 1, kv_type_names[c->band_ktype[b]],
+                    kv_type_names[c->band_vtype[b]], b + 2, kv_type_names[c->band_ktype[b + 1]],
+                    kv_type_names[c->band_vtype[b + 1]]);
+            break;
+        }
+    if (c->krank == c->shape.head_dim || c->vrank == c->shape.head_dim)
+        fprintf(stderr, "kv: note: '%s': a rank of head_dim (%d) keeps as many coefficients as the vector has "
+                "elements, plus a basis per lane: it saves no bytes (a check of the reconstruction)\n", c->spec.text,
+                c->shape.head_dim);
 }
 
 int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *err, size_t errlen) {
@@ -1029,10 +1066,13 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
                       "keys: give a q8, q4 or q2 key type (type=, ktype= or prec=)", spec->text);
     int merge_on_evict = spec_merge_value(spec) == 1;
     if (G && (ops->merge || merge_on_evict || ops->select || spec->fast_bytes || spec->fast_frac > 0))
-        return errorf(err, errlen, "'%s': kgroup=channel is not supported with %s yet; it takes eviction-family "
-                      "policies (full, window, sink, h2o, ...) in one memory tier", spec->text,
-                      ops->merge ? "a merging policy" : merge_on_evict ? "merge-on-evict (merge=1)"
-                      : ops->select ? "a selection policy" : "memory tiers (fast=)");
+        return errorf(err, errlen, "'%s': kgroup=channel does not combine with %s yet (%s); it works with full and "
+                      "the eviction policies (window, sink, h2o, ...) without merging, in one memory tier", spec->text,
+                      ops->merge ? "a merging policy" : merge_on_evict ? "merge-on-evict, merge=1"
+                      : ops->select ? "a selection policy" : "memory tiers, fast=",
+                      ops->merge || merge_on_evict ? "a merged key would move its sealed group's ranges"
+                      : ops->select ? "the selected reads are not built over sealed groups"
+                      : "the fast tier moves vectors one at a time, a sealed group is one block");
     if ((spec->krank || spec->vrank) && G)
         return errorf(err, errlen, "'%s': low rank (rank=, krank=, vrank=) does not combine with kgroup=channel yet: "
                       "give one of them", spec->text);
@@ -1126,6 +1166,7 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     c->policy.lanes = c->lanes;
     if (kv_tier_init(c, err, errlen)) { kv_cache_free(c); return -1; }
     kv_cache_reset(c);
+    spec_notes(c);
     return 0;
 }
 

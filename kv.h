@@ -179,6 +179,7 @@ typedef struct {
     int kgsize;               /* kgsize=G: tokens per key group with kgroup=channel; 0 = not given (32) */
     int krank, vrank;         /* rank= (both), krank=, vrank=: coefficients per key / value of a low-rank lane, in
                                  [1, head_dim] (checked by kv_cache_init); 0 = full rank */
+    int rank_joint;           /* 1: the rank came as rank= (both sides), so messages name rank= */
     int calib;                /* calib=N: tokens of the stream the low-rank basis is fitted on; 0 = the default */
     char text[256];           /* the spec as given, for reports */
 } KVSpec;

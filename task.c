@@ -376,13 +376,14 @@ static int item_gen(TaskItem *it, TaskKind kind, int n_units, double depth, uint
 }
 
 static int item_fit(TaskItem *it, Prompt *p, int *stop, const Model *m, const Options *o, TaskKind kind, double depth,
-                    uint64_t seed, int room) {
+                    uint64_t seed, int room, int *smallest) {
     char err[256];
     int qs = o->questions;
     int lo = task_min_units(kind), probe = lo + 64, t_lo, t_probe;
     if (item_gen(it, kind, lo, depth, seed, qs, err, sizeof err)) fatal("-task %s: %s", task_name(kind), err);
     prompt_build(p, m, o, it, stop);
     t_lo = (int)p->n;
+    *smallest = t_lo;
     if (t_lo > room) { prompt_free(p); task_item_free(it); return -1; }
     prompt_free(p);
     task_item_free(it);
@@ -440,8 +441,9 @@ typedef struct {
     int *qn;               /* (TASK_MAX_NEEDLES) and the count */
 } ItemRun;
 
-/* One answer's record; question -1 for an item that is not a shared context. */
-static void record_write(const ItemRun *ir, int question, int prompt_tokens, int answer_tokens,
+/* One answer's record; question -1 for an item that is not a shared context. question_pos: the position where this
+ * question's tokens start (a later turn of -shared turns starts after the answers before it). */
+static void record_write(const ItemRun *ir, int question, int question_pos, int prompt_tokens, int answer_tokens,
                          const char (*expected)[16], int n_expected, const char *answer, int cache_full, TaskScore sc) {
     if (ir->out->fd < 0) return;
     Line *ln = ir->ln;
@@ -460,7 +462,7 @@ static void record_write(const ItemRun *ir, int question, int prompt_tokens, int
     line_printf(ln, ",\"item\":%d,\"item_seed\":%llu,\"prompt_tokens\":%d,\"answer_tokens\":%d,\"fillers\":%d,"
                 "\"needle_pos\":%d,\"question_pos\":%d,\"chat\":%s,\"expected\":[", ir->rep,
                 (unsigned long long)ir->item_seed, prompt_tokens, answer_tokens, ir->it->n_units, ir->needle_pos,
-                ir->question_pos, ir->p->special ? "true" : "false");
+                question_pos, ir->p->special ? "true" : "false");
     for (int e = 0; e < n_expected; e++) {
         line_printf(ln, "%s\"", e ? "," : "");
         line_json_str(ln, expected[e]);
@@ -503,7 +505,7 @@ static int ask_one(ItemRun *ir) {
     note_bytes(r);
     TaskScore sc = task_score(ir->it, answer);
     cell_add(ir->cell, sc);
-    record_write(ir, -1, (int)ir->p->n, pos - (int)ir->p->n, ir->it->expected, ir->it->n_expected, answer,
+    record_write(ir, -1, ir->question_pos, (int)ir->p->n, pos - (int)ir->p->n, ir->it->expected, ir->it->n_expected, answer,
                  rc == PK_CACHE_FULL, sc);
     return 0;
 }
@@ -583,7 +585,7 @@ static int ask_shared(ItemRun *ir) {
         cell_add(ir->cell, sc);
         ir->qsum[q] += sc.score;
         ir->qn[q]++;
-        record_write(ir, q, n_prompt, rc == PK_CACHE_FULL ? 0 : pos - before - fed, &it->expected[q], 1, answer,
+        record_write(ir, q, requests || q == 0 ? ir->question_pos : before, n_prompt, rc == PK_CACHE_FULL ? 0 : pos - before - fed, &it->expected[q], 1, answer,
                      rc == PK_CACHE_FULL, sc);
         if (rc == PK_CACHE_FULL && !requests) failed = rc;   /* the chat cannot continue */
     }
@@ -618,9 +620,11 @@ int run_task(Model *m, const Options *o) {
         Prompt p;
         int stop;
         uint64_t r0 = o->seed_set ? o->seed : 1;
-        if (item_fit(&it, &p, &stop, m, o, kind, 0, splitmix64(&r0), prompt_room(o, lens[li], max_new)))
-            fatal("-lengths: %d tokens is too short for -task %s: its smallest prompt does not fit beside %d answer "
-                  "tokens", lens[li], task_name(kind), max_new);
+        int room = prompt_room(o, lens[li], max_new), smallest;
+        if (item_fit(&it, &p, &stop, m, o, kind, 0, splitmix64(&r0), room, &smallest))
+            fatal("-lengths: %d tokens is too short for -task %s: its smallest prompt takes %d tokens, which with %d "
+                  "answer tokens%s needs a length of at least %d", lens[li], task_name(kind), smallest, max_new,
+                  o->questions ? " per question and the later turns" : "", smallest + lens[li] - room);
         prompt_free(&p);
         task_item_free(&it);
     }
@@ -670,10 +674,11 @@ int run_task(Model *m, const Options *o) {
                     TaskItem it;
                     Prompt p;
                     int stop;
+                    int smallest;
                     if (item_fit(&it, &p, &stop, m, o, kind, kind == TASK_CWE ? 0 : depths[di], item_seed,
-                                 prompt_room(o, lens[li], max_new)))
-                        fatal("-lengths: %d tokens is too short for -task %s: its smallest prompt does not fit "
-                              "beside %d answer tokens", lens[li], task_name(kind), max_new);
+                                 prompt_room(o, lens[li], max_new), &smallest))
+                        fatal("-lengths: %d tokens is too short for -task %s at depth %g: its smallest prompt takes "
+                              "%d tokens", lens[li], task_name(kind), depths[di], smallest);
                     ItemRun ir = {m, o, &r, &it, &p, kind, lens[li], kind == TASK_CWE ? NAN : depths[di], rep,
                                   item_seed, it.n_needles ? prompt_tokens_before(m, &p, it.needle_at[0]) : -1,
                                   prompt_tokens_before(m, &p, it.question_at), stop, chunk, max_new, &out, &ln, &pv,

@@ -604,10 +604,10 @@ static void test_kgroup_specs(void) {
         {"full,type=q2,kgsize=16", "kgsize=", "kgroup=channel"},
         {"full,type=f16,kgroup=channel", "kgroup=channel", "q8, q4 or q2"},
         {"full,type=q4,kgroup=channel,kgroup=token", "'kgroup' given twice", "kgroup"},
-        {"topk:8,type=q4,kgroup=channel", "selection policy", "eviction-family"},
-        {"pool:16,group=2,recent=8,type=q4,kgroup=channel", "merging policy", "eviction-family"},
-        {"h2o:16,type=q4,kgroup=channel,fast=50%", "fast=", "one memory tier"},
-        {"h2o:16,type=q4,kgroup=channel,merge=1", "merge-on-evict (merge=1)", "eviction-family"},
+        {"topk:8,type=q4,kgroup=channel", "does not combine with a selection policy", "eviction policies"},
+        {"pool:16,group=2,recent=8,type=q4,kgroup=channel", "with a merging policy", "without merging"},
+        {"h2o:16,type=q4,kgroup=channel,fast=50%", "memory tiers, fast=", "one memory tier"},
+        {"h2o:16,type=q4,kgroup=channel,merge=1", "merge-on-evict, merge=1", "sealed group's ranges"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[512];

@@ -120,7 +120,7 @@ static void test_spec_errors(void) {
     char err[512];
     static const struct { const char *spec, *want; } bad[] = {
         {"full,rank=0", "bad rank=0"},
-        {"full,rank=65", "over head_dim 64"},
+        {"full,rank=65", "rank=65 in 'full,rank=65' is over head_dim 64"},   /* named as given, not krank= */
         {"full,vrank=100", "over head_dim 64"},
         {"full,rank=8,krank=4", "conflicts with rank="},
         {"full,krank=4,rank=8", "conflicts with rank="},

@@ -432,6 +432,15 @@ static void test_bad_specs(void) {
     expect_error("window:1,merge=1", "use a budget >= 2");
     expect_error("duo:8,full=0.5,merge=1", "the choice empty");
     expect_error("full,merge=1", "window, sink, h2o");   /* the message lists the policies it works on */
+    /* merge=0 is the default said aloud: taken by every policy, and the cache is the plain one */
+    const char *plain[] = {"full,merge=0", "pool:16,merge=0", "topk:16,merge=0", "h2o:16,merge=0"};
+    for (int i = 0; i < 4; i++) {
+        KVShape s = tshape(L, NH, NKV, HD, MAXT);
+        KVCache c;
+        if (tcache(&c, &s, plain[i])) continue;
+        CHECK(!c.merge_evict, "'%s' makes a cache without merge-on-evict", plain[i]);
+        kv_cache_free(&c);
+    }
 }
 
 int main(void) {

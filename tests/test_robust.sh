@@ -154,3 +154,19 @@ cmp -s "$M" "$tmp/keep.bin" && [ "$(cat "$tmp/in.txt")" = "1 2 3 4 5 6" ] && pas
     || fail "an input was changed by a refused run"
 one_error "chunked ppl with -c 1" "scores no token" "$RUN" "$M" -m ppl -f "$tmp/ids40.txt" -ppl-mode chunked -c 1
 one_error "bench -n 0" "no decode step" "$RUN" "$M" -m bench -n 0
+
+# --- a spec that runs but does not do what it seems to ask gets a note (and runs); a plain one gets none ---
+note_case() {   # NAME WANT SPEC
+    "$RUN" "$M" -m ppl -f "$tmp/ids40.txt" -c 64 -n 20 -kv "$3" >/dev/null 2>"$tmp/err"; local rc=$?
+    if [ $rc -eq 0 ] && grep -q "note: .*$2" "$tmp/err"; then pass "$1: a note says '$2'"
+    else fail "$1: rc $rc, $(grep -v CUDA "$tmp/err" | tail -c 300)"; fi
+}
+note_case "a band no lane reaches" "band 3 (keys q4, values q4) is never reached" "h2o:16,prec=f32:4/q8:32/q4"
+note_case "precision rising with age" "precision rises with age" "full,prec=q4:8/f32"
+note_case "kgsize over the band" "kgsize=100 is over the 64 slots" "full,type=q4,kgroup=channel,kgsize=100"
+note_case "a rank of head_dim" "a rank of head_dim (8)" "full,rank=8,calib=8"
+note_case "a basis never fitted" "the low-rank basis was never fitted (calib is 64 tokens, the run fed 20)" "full,krank=4"
+"$RUN" "$M" -m ppl -f "$tmp/ids40.txt" -c 64 -n 20 -kv h2o:16,prec=f32:4/q8 -kv full,krank=4,calib=8 \
+    -kv full,type=q4,kgroup=channel,kgsize=8 >/dev/null 2>"$tmp/err"; rc=$?
+[ $rc -eq 0 ] && ! grep -q "note: '" "$tmp/err" && pass "plain precision, low-rank and per-channel specs get no note" \
+    || fail "notes on plain specs: rc $rc, $(grep "note" "$tmp/err" | head -c 300)"

@@ -119,6 +119,14 @@ for r in ft:
     per.add(r["kv_live_bytes"] / held)
 for r in fq:
     per.add(r["kv_live_bytes"] / (r["prompt_tokens"] + r["answer_tokens"]))
+# where each question starts: under turns a later turn starts where the turns and answers before it end; under
+# requests every question starts where the context ends
+pos, want = [r["question_pos"] for r in ft], []
+for i, r in enumerate(ft):
+    want.append(ft[0]["question_pos"] if i == 0 else sum(x["prompt_tokens"] + x["answer_tokens"] for x in ft[:i]))
+check(len(ft) == 3 and pos == want and len({r["question_pos"] for r in fq}) == 1 and fq[0]["question_pos"] == pos[0],
+      f"full: question_pos under turns {pos} (want {want}: each turn after the ones before), under requests "
+      f"{[r['question_pos'] for r in fq]} (the context's end)")
 check(len(ft) == 3 and len(fq) == 3 and len(per) == 1,
       f"full: live bytes per token {sorted(per)} over turns (every turn kept: {[r['kv_live_bytes'] for r in ft]}) and "
       f"requests (the context and one question: {[r['kv_live_bytes'] for r in fq]})")
@@ -135,7 +143,7 @@ expect_error "unknown -task" "unknown -task 'niah'; tasks: passkey, niah_single"
 expect_error "-task without -m task" "-task is not used by -m passkey (it is for task)" -m passkey -task vt
 expect_error "-m task without -task" "-m task needs -task NAME" -m task
 expect_error "-lengths over -c" "-lengths: 600 tokens is over -c 512" -m task -task vt -c 512 -lengths 256,600
-expect_error "-lengths too short" "-lengths: 100 tokens is too short for -task cwe" -m task -task cwe -c 512 -lengths 100
+expect_error "-lengths too short" "too short for -task cwe: its smallest prompt takes" -m task -task cwe -c 512 -lengths 100
 expect_error "-questions with vt" "-questions asks the keys of niah_multikey's haystack" -m task -task vt -questions 3
 expect_error "-shared alone" "-shared requests says how -questions are asked" -m task -task niah_multikey -shared requests
 exit 0

@@ -10,11 +10,13 @@
 #include "kv.h"
 #include "kv_impl.h"
 #include "exp_neg.h"
+#include "kv_codec.h"
 
 #include <math.h>
 #if defined(__AVX__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -112,10 +114,8 @@ static void scores_panel(float *const *out, const float *const *q, int nq, const
     }
 }
 
-/* Where block i0.. of lane g (of the layer being attended) is packed: each lane has kv_key_panel_slots(budget) */
-static float *key_panels(const KVCache *c, int g, int i0) {
-    return c->ktbuf + ((size_t)g * kv_key_panel_slots(c->budget) + i0) * c->shape.head_dim;
-}
+/* A 32-byte aligned pointer into a scratch array of 8 floats more than it needs (panels are read with aligned loads) */
+static inline float *align32(float *p) { return (float *)(((uintptr_t)p + 31) & ~(uintptr_t)31); }
 
 /* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, the keys packed
  * into kt first (keys_pack). Four queries at a time sweep the block's panels, which stay in L1. */
@@ -202,6 +202,72 @@ static void weighted_sum_group(float *const *o, const float *const *p, const flo
 }
 
 
+/* Decode step's output phase over values as they are stored (kv_attend_cpu): row i is the lane's i-th live value in
+ * its band's type vt[i] (vb[i] its bytes), decoded in registers 16 columns at a time, never into a buffer. Every
+ * element decodes to the bits kv_decode gives (the codec's arithmetic: a widening, an f16 scale, a multiply, for q4
+ * and q2 then an add of the minimum, each rounded as the scalar code rounds it), and the sums are wsum_body's, so
+ * the outputs are those of decoding into a buffer first. A q8 row (68 bytes at head_dim 64) is a quarter of an f32
+ * row: decode attention at long contexts streams the cache, so reading it in its stored form is what makes q8 and q4
+ * lanes faster than f32 ones. */
+/* wsum_body over stored rows: o_h[d] = Σ_i p_h[i]·v_i[d] for columns [d0, d0 + w), w ≤ 16, the group's G ≤ 4 heads */
+static inline __attribute__((always_inline)) void wsum_stored_body(float *const *o, const float *const *p,
+                                                                  const uint8_t *const *vb, const uint8_t *vt, int n,
+                                                                  int d0, int w, int G, int Gc) {
+#ifdef __AVX__
+    if (w == 16) {
+        __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
+        float row[16] __attribute__((aligned(32)));
+        for (int i = 0; i < n; i++) {
+            if (i + WSUM_AHEAD < n) __builtin_prefetch(vb[i + WSUM_AHEAD] + kv_stored_offset(vt[i + WSUM_AHEAD], d0, Gc));
+            kv_decode16(row, vt[i], vb[i], d0, Gc);
+            __m256 v0 = _mm256_load_ps(row), v1 = _mm256_load_ps(row + 8), ph;
+#define WSUM_HEAD(h, s0, s1)                                      \
+            if (G > h) {                                          \
+                ph = _mm256_set1_ps(p[h][i]);                     \
+                s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));    \
+                s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));    \
+            }
+            WSUM_HEAD(0, a00, a01)
+            WSUM_HEAD(1, a10, a11)
+            WSUM_HEAD(2, a20, a21)
+            WSUM_HEAD(3, a30, a31)
+#undef WSUM_HEAD
+        }
+        __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+        for (int hh = 0; hh < G; hh++) {
+            _mm256_storeu_ps(o[hh] + d0, a[hh][0]);
+            _mm256_storeu_ps(o[hh] + d0 + 8, a[hh][1]);
+        }
+        return;
+    }
+#endif
+    float acc[4][16] = {{0}};
+    for (int i = 0; i < n; i++)
+        for (int dd = 0; dd < w; dd++) {
+            float x = kv_decode_elem(vt[i], vb[i], d0 + dd, Gc);
+            for (int hh = 0; hh < G; hh++) acc[hh][dd] += p[hh][i] * x;
+        }
+    for (int hh = 0; hh < G; hh++) memcpy(o[hh] + d0, acc[hh], (size_t)w * sizeof(float));
+}
+
+/* G: the group's heads, four at a time, each case with its head count a constant; Gc = 32 (every head_dim that is a
+ * multiple of 32) a constant too, so that finding a column's group is a shift, not a division per row */
+static void weighted_sum_stored(float *const *o, const float *const *p, const uint8_t *const *vb, const uint8_t *vt,
+                                int n, int d0, int w, int G, int Gc) {
+#define WSUM_STORED_CASES(GC)                                                                    \
+    switch (G - hh < 4 ? G - hh : 4) {                                                           \
+    case 1: wsum_stored_body(o + hh, p + hh, vb, vt, n, d0, w, 1, GC); break;                    \
+    case 2: wsum_stored_body(o + hh, p + hh, vb, vt, n, d0, w, 2, GC); break;                    \
+    case 3: wsum_stored_body(o + hh, p + hh, vb, vt, n, d0, w, 3, GC); break;                    \
+    default: wsum_stored_body(o + hh, p + hh, vb, vt, n, d0, w, 4, GC); break;                   \
+    }
+    for (int hh = 0; hh < G; hh += 4) {
+        if (Gc == 32) { WSUM_STORED_CASES(32) }
+        else { WSUM_STORED_CASES(Gc) }
+    }
+#undef WSUM_STORED_CASES
+}
+
 /* 8 partial sums s_k folded as ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)), the order of a vector reduction with hadd */
 #ifdef __AVX__
 static inline float fold8_sum(__m256 s) {
@@ -279,6 +345,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
         else kv_rope_apply(qh, s, cs_t);
     }
     int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK, col_blocks = (hd + WSUM_COLS - 1) / WSUM_COLS;
+    int Gc = kv_group(hd);   /* the codec's group of a vector (q8, q4, q2) */
     /* small layers stay on one thread: waking the team costs more than the work (and much more on a loaded machine) */
     size_t work = (size_t)max_n * hd * nh;
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
@@ -288,12 +355,21 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             int g = item / blocks, i0 = item % blocks * KV_KEY_BLOCK, n = lanes[g].n_live;
             int i1 = i0 + KV_KEY_BLOCK < n ? i0 + KV_KEY_BLOCK : n;
             if (i1 <= i0) continue;   /* this lane is shorter than the layer's longest */
-            const float **vp = c->vptr + (size_t)g * budget, *kp[KV_KEY_BLOCK];
+            /* this thread's scratch, in L1 for the block: decoded (or rotated) keys and their panels */
+            float kmem[KV_KEY_BLOCK * hd + 8], tmem[KV_KEY_BLOCK * hd + 8];
+            float *kx = align32(kmem), *kt = align32(tmem);
+            const float *kp[KV_KEY_BLOCK];
+            const uint8_t **vb = c->vrow + (size_t)g * budget;
+            uint8_t *vt = c->vrow_type + (size_t)g * budget;
+            /* ask for the block's stored keys now, all at once, rather than one miss at a time in the decoding or the
+               packing */
             for (int i = i0; i < i1; i++) {
-                kp[i - i0] = kv_lane_key(c, &lanes[g], i, c->kbuf + ((size_t)g * budget + i) * hd);
-                vp[i] = kv_lane_value(c, &lanes[g], i, c->vbuf + ((size_t)g * budget + i) * hd);
-                /* ask for the block's key rows now, all at once, rather than one miss at a time in the packing */
-                for (int d = 0; d < hd; d += 16) __builtin_prefetch(kp[i - i0] + d);
+                const uint8_t *kb = kv_lane_key_stored(c, &lanes[g], i);
+                for (size_t o = 0; o < c->k_bytes; o += 64) __builtin_prefetch(kb + o);
+            }
+            for (int i = i0; i < i1; i++) {
+                kp[i - i0] = kv_lane_key(c, &lanes[g], i, kx + (size_t)(i - i0) * hd);
+                vb[i] = kv_lane_value_stored(c, &lanes[g], i, c->vbuf + ((size_t)g * budget + i) * hd, &vt[i]);
             }
             const float *qg[group];
             float *sg[group];
@@ -301,7 +377,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                 qg[hh] = c->qbuf + (size_t)(g * group + hh) * hd;
                 sg[hh] = c->scores + (size_t)(g * group + hh) * budget + i0;
             }
-            block_scores(sg, qg, group, key_panels(c, g, i0), kp, i1 - i0, hd, scale);
+            block_scores(sg, qg, group, kt, kp, i1 - i0, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
@@ -314,8 +390,8 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                 o[hh] = out + (size_t)(g * group + hh) * hd;
                 p[hh] = c->scores + (size_t)(g * group + hh) * budget;
             }
-            weighted_sum_group(o, p, c->vptr + (size_t)g * budget, lanes[g].n_live, d0,
-                               hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, group);
+            weighted_sum_stored(o, p, c->vrow + (size_t)g * budget, c->vrow_type + (size_t)g * budget,
+                                lanes[g].n_live, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, group, Gc);
         }
     }
     kv_attend_policy(c, l, t);
@@ -568,7 +644,8 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                 qf[f - f0] = Q + row * hd;
                 of[f - f0] = P + row * B + j0;
             }
-            block_scores(of, qf, nf - f0, key_panels(c, g, j0), kp, j1 - j0, hd, scale);
+            float tmem[KV_KEY_BLOCK * hd + 8];   /* this thread's panels, in L1 for the block */
+            block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int uh = 0; uh < n * nh; uh++)

@@ -65,6 +65,13 @@ void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
 
 void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
     int G = kv_group(head_dim), n = kv_codec_units(ty, head_dim, G), u = 0;
+#ifdef __AVX2__
+    if (head_dim % 16 == 0) {   /* 16 elements at a time in registers, the same bits (kv_impl.h) */
+        if (G == 32) for (int d0 = 0; d0 < head_dim; d0 += 16) kv_decode16(x + d0, ty, src, d0, 32);
+        else for (int d0 = 0; d0 < head_dim; d0 += 16) kv_decode16(x + d0, ty, src, d0, G);
+        return;
+    }
+#endif
     switch (ty) {
     case KV_F32: decode_units(x, KV_F32, src, G, 0, n); break;
     case KV_F16:
@@ -1124,11 +1131,11 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->kbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
-    size_t kt_bytes = (size_t)shape->n_kv_heads * kv_key_panel_slots(B) * hd * sizeof(float);
-    c->ktbuf = aligned_alloc(64, (kt_bytes + 63) / 64 * 64);   /* panels are read with aligned loads */
     c->vbuf = calloc((size_t)shape->n_kv_heads * B * hd, sizeof(float));
     c->qbuf = calloc((size_t)shape->n_heads * hd, sizeof(float));
     c->vptr = calloc((size_t)shape->n_kv_heads * B, sizeof(float *));
+    c->vrow = calloc((size_t)shape->n_kv_heads * B, sizeof(uint8_t *));
+    c->vrow_type = calloc((size_t)shape->n_kv_heads * B, 1);
     c->victim_buf = calloc((size_t)B, sizeof(int));
     c->run_buf = calloc((size_t)B, sizeof(int));
     c->score_buf = calloc((size_t)B, sizeof(double));
@@ -1139,8 +1146,8 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
     c->rope_t = calloc((size_t)hd, sizeof(float));
     c->rope_t_pos = -1;
-    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->ktbuf || !c->vbuf || !c->qbuf
-        || !c->vptr || !c->victim_buf || !c->run_buf || !c->score_buf || !c->sel_score || !c->read_rank
+    if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->vbuf || !c->qbuf
+        || !c->vptr || !c->vrow || !c->vrow_type || !c->victim_buf || !c->run_buf || !c->score_buf || !c->sel_score || !c->read_rank
         || !c->read_n || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t || (G && !c->kgbuf)) {
         size_t want = c->arena_bytes;
         kv_cache_free(c);
@@ -1205,8 +1212,8 @@ void kv_cache_reset(KVCache *c) {
 void kv_cache_free(KVCache *c) {
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     else free(c->policy.state);
-    free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf); free(c->ktbuf);
-    free(c->vbuf); free(c->qbuf); free(c->vptr);
+    free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
+    free(c->vbuf); free(c->qbuf); free(c->vptr); free(c->vrow); free(c->vrow_type);
     free(c->chunk_cs);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->run_buf); free(c->score_buf);
     free(c->sel_score); free(c->read_rank); free(c->read_n); free(c->kgbuf);

@@ -464,10 +464,10 @@ struct KVCache {
     float *scores;           /* (n_heads, budget) probabilities of the last step, per query head */
     float *agg, *mean;       /* (n_kv_heads, budget) aggregated over a GQA group */
     float *kbuf;             /* (n_kv_heads, budget, head_dim) dequantized / rotated keys */
-    float *ktbuf;            /* (n_kv_heads, budget rounded up to 64, head_dim) keys in panels for the scores
-                                (attn_cpu.c) */
     float *vbuf;             /* (n_kv_heads, budget, head_dim) dequantized values */
     const float **vptr;      /* (n_kv_heads, budget) each live value's f32 row: in the cache or in vbuf */
+    const uint8_t **vrow;    /* (n_kv_heads, budget) each live value as stored (a decode step reads it in place) */
+    uint8_t *vrow_type;      /* (n_kv_heads, budget) and its type (KVType) */
     float *qbuf;             /* (n_heads, head_dim) rotated queries */
     /* scratch of kv_attend_chunk, grown to the largest chunk seen (its large buffers are shared by all caches,
        attn_cpu.c) */

@@ -209,11 +209,44 @@ static void weighted_sum_group(float *const *o, const float *const *p, const flo
  * the outputs are those of decoding into a buffer first. A q8 row (68 bytes at head_dim 64) is a quarter of an f32
  * row: decode attention at long contexts streams the cache, so reading it in its stored form is what makes q8 and q4
  * lanes faster than f32 ones. */
-/* wsum_body over stored rows: o_h[d] = Σ_i p_h[i]·v_i[d] for columns [d0, d0 + w), w ≤ 16, the group's G ≤ 4 heads */
+/* wsum_body over stored rows: o_h[d] = Σ_i p_h[i]·v_i[d] for columns [d0, d0 + w), w ≤ 16 (or 32 with G ≤ 3), the
+ * group's G ≤ 4 heads */
 static inline __attribute__((always_inline)) void wsum_stored_body(float *const *o, const float *const *p,
                                                                   const uint8_t *const *vb, const uint8_t *vt, int n,
                                                                   int d0, int w, int G, int Gc) {
 #ifdef __AVX__
+    if (w == 32 && G <= 3) {   /* 32 columns, two lines of an f32 row, in one pass: 12 sums in registers */
+        __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z,
+               a20 = z, a21 = z, a22 = z, a23 = z;
+        float row[32] __attribute__((aligned(32)));
+        for (int i = 0; i < n; i++) {
+            if (i + WSUM_AHEAD < n) {
+                const uint8_t *ahead = vb[i + WSUM_AHEAD] + kv_stored_offset(vt[i + WSUM_AHEAD], d0, Gc);
+                __builtin_prefetch(ahead);
+                __builtin_prefetch(ahead + 64);
+            }
+            kv_decode16(row, vt[i], vb[i], d0, Gc);
+            kv_decode16(row + 16, vt[i], vb[i], d0 + 16, Gc);
+            __m256 v0 = _mm256_load_ps(row), v1 = _mm256_load_ps(row + 8), v2 = _mm256_load_ps(row + 16),
+                   v3 = _mm256_load_ps(row + 24), ph;
+#define WSUM_HEAD32(h, s0, s1, s2, s3)                            \
+            if (G > h) {                                          \
+                ph = _mm256_set1_ps(p[h][i]);                     \
+                s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));    \
+                s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));    \
+                s2 = _mm256_add_ps(s2, _mm256_mul_ps(ph, v2));    \
+                s3 = _mm256_add_ps(s3, _mm256_mul_ps(ph, v3));    \
+            }
+            WSUM_HEAD32(0, a00, a01, a02, a03)
+            WSUM_HEAD32(1, a10, a11, a12, a13)
+            WSUM_HEAD32(2, a20, a21, a22, a23)
+#undef WSUM_HEAD32
+        }
+        __m256 a[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
+        for (int hh = 0; hh < G; hh++)
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(o[hh] + d0 + 8 * k, a[hh][k]);
+        return;
+    }
     if (w == 16) {
         __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
         float row[16] __attribute__((aligned(32)));
@@ -241,7 +274,7 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
         return;
     }
 #endif
-    float acc[4][16] = {{0}};
+    float acc[4][32] = {{0}};
     for (int i = 0; i < n; i++)
         for (int dd = 0; dd < w; dd++) {
             float x = kv_decode_elem(vt[i], vb[i], d0 + dd, Gc);
@@ -344,7 +377,10 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
         if (c->spec.pos == POS_CACHE) kv_rope_apply(qh, s, c->rope_cs + (size_t)(lanes[h / group].n_live - 1) * hd);
         else kv_rope_apply(qh, s, cs_t);
     }
-    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK, col_blocks = (hd + WSUM_COLS - 1) / WSUM_COLS;
+    /* output columns per work item: 32 where the sums of a group of up to 3 heads fit in registers (two cache lines
+       of an f32 row per pass, half the passes over the rows), else 16 */
+    int cols = group <= 3 && hd % 32 == 0 ? 2 * WSUM_COLS : WSUM_COLS;
+    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK, col_blocks = (hd + cols - 1) / cols;
     int Gc = kv_group(hd);   /* the codec's group of a vector (q8, q4, q2) */
     /* small layers stay on one thread: waking the team costs more than the work (and much more on a loaded machine) */
     size_t work = (size_t)max_n * hd * nh;
@@ -383,7 +419,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
         #pragma omp for schedule(static)
         for (int item = 0; item < n_kv * col_blocks; item++) {
-            int g = item / col_blocks, d0 = item % col_blocks * WSUM_COLS;
+            int g = item / col_blocks, d0 = item % col_blocks * cols;
             float *o[group];
             const float *p[group];
             for (int hh = 0; hh < group; hh++) {
@@ -391,7 +427,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                 p[hh] = c->scores + (size_t)(g * group + hh) * budget;
             }
             weighted_sum_stored(o, p, c->vrow + (size_t)g * budget, c->vrow_type + (size_t)g * budget,
-                                lanes[g].n_live, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, group, Gc);
+                                lanes[g].n_live, d0, hd - d0 < cols ? hd - d0 : cols, group, Gc);
         }
     }
     kv_attend_policy(c, l, t);

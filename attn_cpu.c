@@ -132,85 +132,18 @@ static void block_scores(float *const *out, const float *const *q, int nq, float
     }
 }
 
-/* The attention output of a GQA group over columns [d0, d0 + w) of its lane, w ≤ 16: o_h[d] = Σ_i p_h[i]·v_i[d]
- * for the group's G query heads, for every (h, d) in the naive loop's order (0 + p_0 v_0[d] + p_1 v_1[d] + ..., a
- * multiply then an add). Each value row's 16 columns (one cache line) are read once for the whole group; with AVX
- * the group's sums stay in registers (G ≤ 4). */
 #define WSUM_COLS 16
 #define WSUM_AHEAD 16   /* value rows prefetched ahead: the rows are scattered, one line of each is read */
-static inline __attribute__((always_inline)) void wsum_body(float *const *o, const float *const *p,
-                                                           const float *const *v, int n, int d0, int w, int G) {
-    int d = d0;
-#ifdef __AVX__
-    if (G <= 4 && w == 16) {   /* named sums, not an array: the compiler keeps them in registers */
-        __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
-        for (int i = 0; i < n; i++) {
-            if (i + WSUM_AHEAD < n) __builtin_prefetch(v[i + WSUM_AHEAD] + d0);
-            __m256 v0 = _mm256_loadu_ps(v[i] + d0), v1 = _mm256_loadu_ps(v[i] + d0 + 8), ph;
-            /* head h's two sums: named registers (an array indexed by h spills to memory) */
-#define WSUM_HEAD(h, s0, s1)                                      \
-            if (G > h) {                                          \
-                ph = _mm256_set1_ps(p[h][i]);                     \
-                s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));    \
-                s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));    \
-            }
-            WSUM_HEAD(0, a00, a01)
-            WSUM_HEAD(1, a10, a11)
-            WSUM_HEAD(2, a20, a21)
-            WSUM_HEAD(3, a30, a31)
-#undef WSUM_HEAD
-        }
-        __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-        for (int hh = 0; hh < G; hh++) {
-            _mm256_storeu_ps(o[hh] + d0, a[hh][0]);
-            _mm256_storeu_ps(o[hh] + d0 + 8, a[hh][1]);
-        }
-        return;
-    }
-    if (G <= 4 && w >= 8) {
-        __m256 a[4];
-        for (int hh = 0; hh < G; hh++) a[hh] = _mm256_setzero_ps();
-        for (int i = 0; i < n; i++) {
-            __m256 v0 = _mm256_loadu_ps(v[i] + d0);
-            for (int hh = 0; hh < G; hh++) a[hh] = _mm256_add_ps(a[hh], _mm256_mul_ps(_mm256_set1_ps(p[hh][i]), v0));
-        }
-        for (int hh = 0; hh < G; hh++) _mm256_storeu_ps(o[hh] + d0, a[hh]);
-        d += 8;
-    }
-#endif
-    for (int hh = 0; hh < G; hh++)
-        for (int dd = d; dd < d0 + w; dd++) {
-            float acc = 0;
-            for (int i = 0; i < n; i++) acc += p[hh][i] * v[i][dd];
-            o[hh][dd] = acc;
-        }
-}
 
-/* wsum_body with the group size a constant for the usual GQA ratios, so the compiler keeps the sums in registers;
- * the arithmetic is the body's either way. */
-static void weighted_sum_group(float *const *o, const float *const *p, const float *const *v, int n, int d0, int w,
-                               int G) {
-    switch (G) {
-    case 1: wsum_body(o, p, v, n, d0, w, 1); break;
-    case 2: wsum_body(o, p, v, n, d0, w, 2); break;
-    case 3: wsum_body(o, p, v, n, d0, w, 3); break;
-    case 4: wsum_body(o, p, v, n, d0, w, 4); break;
-    default:
-        for (int hh = 0; hh < G; hh += 4)   /* four heads at a time: still one pass per four heads */
-            wsum_body(o + hh, p + hh, v, n, d0, w, G - hh < 4 ? G - hh : 4);
-    }
-}
-
-
-/* Decode step's output phase over values as they are stored (kv_attend_cpu): row i is the lane's i-th live value in
- * its band's type vt[i] (vb[i] its bytes), decoded in registers 16 columns at a time, never into a buffer. Every
- * element decodes to the bits kv_decode gives (the codec's arithmetic: a widening, an f16 scale, a multiply, for q4
- * and q2 then an add of the minimum, each rounded as the scalar code rounds it), and the sums are wsum_body's, so
- * the outputs are those of decoding into a buffer first. A q8 row (68 bytes at head_dim 64) is a quarter of an f32
- * row: decode attention at long contexts streams the cache, so reading it in its stored form is what makes q8 and q4
- * lanes faster than f32 ones. */
-/* wsum_body over stored rows: o_h[d] = Σ_i p_h[i]·v_i[d] for columns [d0, d0 + w), w ≤ 16 (or 32 with G ≤ 3), the
- * group's G ≤ 4 heads */
+/* The attention output of a GQA group over columns [d0, d0 + w) of its lane, w ≤ 16 (or 32 with G ≤ 3): o_h[d] =
+ * Σ_i p_h[i]·v_i[d] for the group's G ≤ 4 query heads, for every (h, d) in the naive loop's order (0 + p_0 v_0[d] +
+ * p_1 v_1[d] + ..., a multiply then an add). Each value row's columns are read once for the whole group, in its
+ * stored form: row i is the lane's i-th live value in type vt[i] (vb[i] its bytes), decoded in registers 16 columns
+ * at a time (kv_decode16), never into a buffer, to the bits kv_decode gives (the codec's arithmetic: a widening, an
+ * f16 scale, a multiply, for q4 and q2 then an add of the minimum, each rounded as the scalar code rounds it). A q8
+ * row (68 bytes at head_dim 64) is a quarter of an f32 row: decode attention at long contexts streams the cache, so
+ * reading it in its stored form is what makes q8 and q4 lanes faster than f32 ones. With AVX the group's sums stay
+ * in registers. */
 static inline __attribute__((always_inline)) void wsum_stored_body(float *const *o, const float *const *p,
                                                                   const uint8_t *const *vb, const uint8_t *vt, int n,
                                                                   int d0, int w, int G, int Gc) {
@@ -283,7 +216,7 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
     for (int hh = 0; hh < G; hh++) memcpy(o[hh] + d0, acc[hh], (size_t)w * sizeof(float));
 }
 
-/* G: the group's heads, four at a time, each case with its head count a constant; Gc = 32 (every head_dim that is a
+/* wsum_stored_body for any G: the group's heads four at a time, each case with its head count a constant; Gc = 32 (every head_dim that is a
  * multiple of 32) a constant too, so that finding a column's group is a shift, not a division per row */
 static void weighted_sum_stored(float *const *o, const float *const *p, const uint8_t *const *vb, const uint8_t *vt,
                                 int n, int d0, int w, int G, int Gc) {
@@ -439,7 +372,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
  * token's live list is known in advance: the lane's live list now, then the chunk's tokens up to itself. Step 3 then
  * runs for all the chunk's tokens at once, reading each key and value once per chunk, with every score,
  * probability and output computed by the same arithmetic as kv_attend_cpu (block_scores, softmax_inplace,
- * wsum_body's order), so the bits are those of token-by-token decode. Steps 1, 2 and 4 (and the caller's hook) still
+ * wsum_stored_body's order), so the bits are those of token-by-token decode. Steps 1, 2 and 4 (and the caller's hook) still
  * run token by token, in order.
  * ------------------------------------------------------------------------------------------------------------- */
 
@@ -530,10 +463,10 @@ static const float *chunk_value(const KVCache *c, float *x, const float *v) {
 
 /* Four consecutive tokens' attention outputs for one query head over columns [d0, d0 + 16) of a lane, in pieces of
  * value rows: token k (k = 0..3) sums over value rows 0..n-1+k with probabilities p + k·ld_p into o + k·ld_o, each
- * output in wsum_body's order (0 + p_0 v_0 + p_1 v_1 + ..., a multiply then an add). wsum_quad_rows adds rows
+ * output in wsum_stored_body's order (0 + p_0 v_0 + p_1 v_1 + ..., a multiply then an add). wsum_quad_rows adds rows
  * [i0, i1) (i1 ≤ n, the rows all four see) for all four tokens to the sums in o (first: the sums start from 0);
  * wsum_quad_tail adds the last three rows (n: tokens 1-3, n+1: tokens 2-3, n+2: token 3) to the sums in o. Storing
- * a sum and loading it back changes no bit, so the pieces give wsum_body's outputs. The macros name the functions'
+ * a sum and loading it back changes no bit, so the pieces give wsum_stored_body's outputs. The macros name the functions'
  * own variables (o, ld_o, p, ld_p, d0, i, ph, v0, v1). */
 #ifdef __AVX__
 #define WSUM_TOKEN(k, s0, s1)                                         \
@@ -669,6 +602,8 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                                            c->chunk_cs + (size_t)u * hd);
                     c->vptr[row] = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
                 }
+                c->vrow[row] = (const uint8_t *)(const void *)c->vptr[row];   /* decoded: f32 rows for the tail */
+                c->vrow_type[row] = KV_F32;
             }
             /* token u sees ranks up to n0 + u: the block's first query token, then every (token, head) after it
                (scores past a token's last rank are computed and never read) */
@@ -696,10 +631,10 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         #pragma omp for schedule(dynamic)
         for (int item = 0; item < n_kv * n_items; item++) {
             int g = item / n_items, u0 = item % n_items * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
-            const float *const *vp = c->vptr + (size_t)g * B;
             int u = u0;
 #ifdef __AVX__
             if (hd % WSUM_COLS == 0) {
+                const float *const *vp = c->vptr + (size_t)g * B;
                 int uq = u0 + (u1 - u0) / 4 * 4;   /* tokens [u0, uq) go in fours; four tokens from u share rows
                                                       0..n0 + u, and the last three rows as wsum_quad_tail adds them */
                 for (int i0 = 0; i0 < n0[g] + uq - 3; i0 += WSUM_ROWS)
@@ -730,7 +665,8 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                     pa[hh] = P + row * B;
                 }
                 for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-                    weighted_sum_group(oa, pa, vp, n0[g] + u + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G);
+                    weighted_sum_stored(oa, pa, c->vrow + (size_t)g * B, c->vrow_type + (size_t)g * B, n0[g] + u + 1,
+                                        d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G, kv_group(hd));
             }
         }
     }

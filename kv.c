@@ -990,8 +990,17 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
     return kv_cache_init_lanes(c, shape, spec, NULL, err, errlen);
 }
 
+/* kv_cache_init_lanes, with spec_notes said (notes) or not (a clone: its spec was noted when the original was made) */
+static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, int notes, char *err,
+                      size_t errlen);
+
 int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, char *err,
                         size_t errlen) {
+    return cache_init(c, shape, spec, caps, 1, err, errlen);
+}
+
+static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, int notes, char *err,
+                      size_t errlen) {
     memset(c, 0, sizeof *c);
     c->shape = *shape;
     c->spec = *spec;
@@ -1173,7 +1182,7 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     c->policy.lanes = c->lanes;
     if (kv_tier_init(c, err, errlen)) { kv_cache_free(c); return -1; }
     kv_cache_reset(c);
-    spec_notes(c);
+    if (notes) spec_notes(c);
     return 0;
 }
 
@@ -1278,7 +1287,7 @@ int kv_cache_clone(KVCache *dst, const KVCache *src, char *err, size_t errlen) {
     KVSpec spec = src->spec;
     memset(spec.used, 0, sizeof spec.used);
     /* the spec as parsed (src->spec has the base type written over ktype/vtype, which the bands already hold) */
-    int rc = kv_cache_init_lanes(dst, &src->shape, &spec, caps, err, errlen);
+    int rc = cache_init(dst, &src->shape, &spec, caps, 0, err, errlen);
     free(caps);
     if (rc) return -1;
     dst->backend = src->backend;

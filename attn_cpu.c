@@ -133,7 +133,7 @@ static void block_scores(float *const *out, const float *const *q, int nq, float
 }
 
 #define WSUM_COLS 16
-#define WSUM_AHEAD 16   /* value rows prefetched ahead: the rows are scattered, one line of each is read */
+#define WSUM_AHEAD 16   /* value rows prefetched ahead: the rows are scattered, one or two lines of each are read */
 
 /* The attention output of a GQA group over columns [d0, d0 + w) of its lane, w ≤ 16 (or 32 with G ≤ 3): o_h[d] =
  * Σ_i p_h[i]·v_i[d] for the group's G ≤ 4 query heads, for every (h, d) in the naive loop's order (0 + p_0 v_0[d] +
@@ -216,8 +216,9 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
     for (int hh = 0; hh < G; hh++) memcpy(o[hh] + d0, acc[hh], (size_t)w * sizeof(float));
 }
 
-/* wsum_stored_body for any G: the group's heads four at a time, each case with its head count a constant; Gc = 32 (every head_dim that is a
- * multiple of 32) a constant too, so that finding a column's group is a shift, not a division per row */
+/* wsum_stored_body for any G: the group's heads four at a time, each case with its head count a constant; Gc = 32
+ * (every head_dim that is a multiple of 32) a constant too, so that a column's group is a shift, not a division per
+ * row */
 static void weighted_sum_stored(float *const *o, const float *const *p, const uint8_t *const *vb, const uint8_t *vt,
                                 int n, int d0, int w, int G, int Gc) {
 #define WSUM_STORED_CASES(GC)                                                                    \
@@ -333,8 +334,9 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             /* ask for the block's stored keys now, all at once, rather than one miss at a time in the decoding or the
                packing */
             for (int i = i0; i < i1; i++) {
-                const uint8_t *kb = kv_lane_key_stored(c, &lanes[g], i);
-                for (size_t o = 0; o < c->k_bytes; o += 64) __builtin_prefetch(kb + o);
+                int slot = lanes[g].live[i];
+                const uint8_t *kb = kv_slot_k(c, &lanes[g], slot);
+                for (size_t o = 0; o < c->band_kb[kv_slot_band(&lanes[g], slot)]; o += 64) __builtin_prefetch(kb + o);
             }
             for (int i = i0; i < i1; i++) {
                 kp[i - i0] = kv_lane_key(c, &lanes[g], i, kx + (size_t)(i - i0) * hd);

@@ -66,11 +66,7 @@ void kv_encode(uint8_t *dst, KVType ty, const float *x, int head_dim) {
 void kv_decode(float *x, KVType ty, const uint8_t *src, int head_dim) {
     int G = kv_group(head_dim), n = kv_codec_units(ty, head_dim, G), u = 0;
 #ifdef __AVX2__
-    if (head_dim % 16 == 0) {   /* 16 elements at a time in registers, the same bits (kv_impl.h) */
-        if (G == 32) for (int d0 = 0; d0 < head_dim; d0 += 16) kv_decode16(x + d0, ty, src, d0, 32);
-        else for (int d0 = 0; d0 < head_dim; d0 += 16) kv_decode16(x + d0, ty, src, d0, G);
-        return;
-    }
+    if (head_dim % 16 == 0) { kv_decode_by16(x, ty, src, head_dim, G); return; }   /* in registers, the same bits */
 #endif
     switch (ty) {
     case KV_F32: decode_units(x, KV_F32, src, G, 0, n); break;

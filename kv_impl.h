@@ -114,14 +114,18 @@ static inline __attribute__((always_inline)) void kv_decode16(float *out, int ty
     for (int e = 0; e < 16; e++) out[e] = kv_decode_elem(ty, b, d0 + e, Gc);
 }
 
+/* A whole vector of head_dim (a multiple of 16) through kv_decode16, codec group G; G = 32 (every head_dim that is a
+ * multiple of 32) a constant, so that a column's group is a shift, not a division. kv_decode's AVX2 path. */
+static inline void kv_decode_by16(float *x, int ty, const uint8_t *src, int head_dim, int G) {
+    if (G == 32) for (int d0 = 0; d0 < head_dim; d0 += 16) kv_decode16(x + d0, ty, src, d0, 32);
+    else for (int d0 = 0; d0 < head_dim; d0 += 16) kv_decode16(x + d0, ty, src, d0, G);
+}
+
 /* kv_decode inline, for the loops that decode a key or value per slot per step: with AVX2 and head_dim a multiple of
- * 32 (the codec's group 32, a constant here) 16 elements at a time in registers; otherwise kv_decode. Same bits. */
+ * 32 its vector path without the call; otherwise kv_decode. Same bits. */
 static inline void kv_decode_inline(float *x, KVType ty, const uint8_t *src, int head_dim) {
 #ifdef __AVX2__
-    if (head_dim % 32 == 0) {
-        for (int d0 = 0; d0 < head_dim; d0 += 16) kv_decode16(x + d0, ty, src, d0, 32);
-        return;
-    }
+    if (head_dim % 32 == 0) { kv_decode_by16(x, ty, src, head_dim, 32); return; }
 #endif
     kv_decode(x, ty, src, head_dim);
 }
@@ -133,7 +137,7 @@ static inline void kv_decode_inline(float *x, KVType ty, const uint8_t *src, int
 static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
     if (c->krank) return kv_lowrank_key(c, ln, i, x);
     int slot = ln->live[i], hd = c->shape.head_dim, b = kv_slot_band(ln, slot);
-    const uint8_t *src = ln->k[b] + (size_t)(slot - ln->band_first[b]) * c->band_kb[b];
+    const uint8_t *src = kv_slot_k(c, ln, slot);
     const float *k = c->band_kchan[b] ? kv_chan_key(c, ln, b, slot, x)
                    : c->band_ktype[b] == KV_F32 ? (const float *)(const void *)src : NULL;
     if (c->spec.pos == POS_ORIG && k) return k;
@@ -143,30 +147,22 @@ static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i
     return x;
 }
 
-/* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
-static inline const float *kv_lane_value(const KVCache *c, const KVLane *ln, int i, float *x) {
-    if (c->vrank) return kv_lowrank_value(c, ln, i, x);
-    int slot = ln->live[i], b = kv_slot_band(ln, slot);
-    const uint8_t *src = ln->v[b] + (size_t)(slot - ln->band_first[b]) * c->band_vb[b];
-    if (c->band_vtype[b] == KV_F32) return (const float *)(const void *)src;
-    kv_decode_inline(x, c->band_vtype[b], src, c->shape.head_dim);
-    return x;
-}
-
-/* Where the lane's i-th live key is stored (its band's form; a low-rank lane's coefficients or staging row aside):
- * for prefetching only. */
-static inline const uint8_t *kv_lane_key_stored(const KVCache *c, const KVLane *ln, int i) {
-    int slot = ln->live[i], b = kv_slot_band(ln, slot);
-    return ln->k[b] + (size_t)(slot - ln->band_first[b]) * c->band_kb[b];
-}
-
 /* The lane's i-th live value as stored, for kernels that decode in registers (attn_cpu.c's decode step): its bytes,
  * its type in *ty. A low-rank value has no stored f32 form: it is reconstructed into x (head_dim) and *ty = KV_F32. */
 static inline const uint8_t *kv_lane_value_stored(const KVCache *c, const KVLane *ln, int i, float *x, uint8_t *ty) {
     if (c->vrank) { *ty = KV_F32; return (const uint8_t *)(const void *)kv_lowrank_value(c, ln, i, x); }
-    int slot = ln->live[i], b = kv_slot_band(ln, slot);
-    *ty = (uint8_t)c->band_vtype[b];
-    return ln->v[b] + (size_t)(slot - ln->band_first[b]) * c->band_vb[b];
+    int slot = ln->live[i];
+    *ty = (uint8_t)c->band_vtype[kv_slot_band(ln, slot)];
+    return kv_slot_v(c, ln, slot);
+}
+
+/* The f32 value of the lane's i-th live slot: a pointer into the cache, or x (head_dim) when it had to be decoded. */
+static inline const float *kv_lane_value(const KVCache *c, const KVLane *ln, int i, float *x) {
+    uint8_t ty;
+    const uint8_t *src = kv_lane_value_stored(c, ln, i, x, &ty);
+    if (ty == KV_F32) return (const float *)(const void *)src;
+    kv_decode_inline(x, (KVType)ty, src, c->shape.head_dim);
+    return x;
 }
 
 /* The memory tiers' bookkeeping (kv_tier.c), called by kv.c where slots are stored, freed, recoded and read; each a

@@ -754,7 +754,7 @@ const float *kv_lowrank_key(const KVCache *c, const KVLane *ln, int i, float *x)
     int slot = ln->live[i], hd = c->shape.head_dim;
     if (!ln->lr_fitted) kv_decode(x, c->band_ktype[0], stage_key(c, ln, slot), hd);   /* as a full-rank cache */
     else {
-        lowrank_reconstruct(x, ln->k[0] + (size_t)(slot - ln->band_first[0]) * c->band_kb[0], c->band_ktype[0],
+        lowrank_reconstruct(x, kv_band_k(c, ln, 0, slot - ln->band_first[0]), c->band_ktype[0],
                             ln->kbasis, c->krank, hd);
         if (c->spec.pos == POS_ORIG) kv_rope_apply(x, &c->shape, c->lr_cs + (size_t)ln->pos[slot] * hd);
     }
@@ -765,7 +765,7 @@ const float *kv_lowrank_key(const KVCache *c, const KVLane *ln, int i, float *x)
 const float *kv_lowrank_value(const KVCache *c, const KVLane *ln, int i, float *x) {
     int slot = ln->live[i], hd = c->shape.head_dim;
     if (!ln->lr_fitted) kv_decode(x, c->band_vtype[0], stage_value(c, ln, slot), hd);
-    else lowrank_reconstruct(x, ln->v[0] + (size_t)(slot - ln->band_first[0]) * c->band_vb[0], c->band_vtype[0],
+    else lowrank_reconstruct(x, kv_band_v(c, ln, 0, slot - ln->band_first[0]), c->band_vtype[0],
                              ln->vbasis, c->vrank, hd);
     return x;
 }
@@ -788,12 +788,12 @@ static void lowrank_store(KVCache *c, int lane, KVLane *ln, int slot, int t, con
         ln->lr_seen++;
     }
     const float *ks = c->spec.pos == POS_ORIG ? kr : k;   /* what a full-rank cache stores */
-    size_t row = (size_t)(slot - ln->band_first[0]);
-    if (!c->krank) kv_encode(ln->k[0] + row * c->band_kb[0], c->band_ktype[0], ks, hd);
-    else if (ln->lr_fitted) lowrank_project(ln->k[0] + row * c->band_kb[0], c->band_ktype[0], ln->kbasis, c->krank, k, hd);
+    int row = slot - ln->band_first[0];
+    if (!c->krank) kv_encode(kv_band_k(c, ln, 0, row), c->band_ktype[0], ks, hd);
+    else if (ln->lr_fitted) lowrank_project(kv_band_k(c, ln, 0, row), c->band_ktype[0], ln->kbasis, c->krank, k, hd);
     else kv_encode(stage_key(c, ln, slot), c->band_ktype[0], ks, hd);
-    if (!c->vrank) kv_encode(ln->v[0] + row * c->band_vb[0], c->band_vtype[0], v, hd);
-    else if (ln->lr_fitted) lowrank_project(ln->v[0] + row * c->band_vb[0], c->band_vtype[0], ln->vbasis, c->vrank, v, hd);
+    if (!c->vrank) kv_encode(kv_band_v(c, ln, 0, row), c->band_vtype[0], v, hd);
+    else if (ln->lr_fitted) lowrank_project(kv_band_v(c, ln, 0, row), c->band_vtype[0], ln->vbasis, c->vrank, v, hd);
     else kv_encode(stage_value(c, ln, slot), c->band_vtype[0], v, hd);
 }
 
@@ -821,15 +821,15 @@ static void lane_fit(KVCache *c, int lane, KVLane *ln) {
     float x[hd];
     for (int i = 0; i < ln->n_live; i++) {
         int slot = ln->live[i];
-        size_t row = (size_t)(slot - ln->band_first[0]);
+        int row = slot - ln->band_first[0];
         if (c->krank) {
             kv_decode(x, c->band_ktype[0], stage_key(c, ln, slot), hd);
             if (c->spec.pos == POS_ORIG) kv_rope(x, s, -ln->pos[slot]);
-            lowrank_project(ln->k[0] + row * c->band_kb[0], c->band_ktype[0], ln->kbasis, c->krank, x, hd);
+            lowrank_project(kv_band_k(c, ln, 0, row), c->band_ktype[0], ln->kbasis, c->krank, x, hd);
         }
         if (c->vrank) {
             kv_decode(x, c->band_vtype[0], stage_value(c, ln, slot), hd);
-            lowrank_project(ln->v[0] + row * c->band_vb[0], c->band_vtype[0], ln->vbasis, c->vrank, x, hd);
+            lowrank_project(kv_band_v(c, ln, 0, row), c->band_vtype[0], ln->vbasis, c->vrank, x, hd);
         }
     }
     ln->lr_fitted = 1;
@@ -885,7 +885,9 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
                      + (size_t)chan_open_rows(slots[b], c->kgroup) * hd * sizeof(float);
         CARVE(ln->k[b], uint8_t *, kbytes);
         CARVE(ln->v[b], uint8_t *, (size_t)slots[b] * c->band_vb[b]);
+        if (base) { ln->kpg[b] = &ln->k[b]; ln->vpg[b] = &ln->v[b]; }   /* one page per band (kv.h, Paging) */
     }
+    if (base) { ln->pg_shift = 30; ln->pg_mask = (1 << 30) - 1; }
 #undef CARVE
     return off;
 }
@@ -1322,7 +1324,7 @@ static void emit(KVCache *c, KVEventKind kind, int t, int l, int g, int pos, int
  * ------------------------------------------------------------------------------------------------------------- */
 
 static uint8_t *chan_codes(const KVCache *c, const KVLane *ln, int b, int r) {   /* row r's codes */
-    return ln->k[b] + (size_t)r * c->band_kb[b];
+    return kv_band_k(c, ln, b, r);
 }
 static uint8_t *chan_hdr(const KVCache *c, const KVLane *ln, int b, int j) {     /* group j's scales, minimums */
     return ln->k[b] + chan_hdr_off(c->band_kb[b], ln->band_slots[b]) + (size_t)j * chan_hdr_bytes(c->shape.head_dim);
@@ -1480,16 +1482,16 @@ static void slot_read(const KVCache *c, const KVLane *ln, int s, int is_v, float
     if (!is_v && c->band_kchan[b]) {
         const float *k = kv_chan_key(c, ln, b, s, x);
         if (k != x) memcpy(x, k, (size_t)c->shape.head_dim * sizeof(float));
-    } else if (is_v) kv_decode(x, c->band_vtype[b], ln->v[b] + (size_t)row * c->band_vb[b], c->shape.head_dim);
-    else kv_decode(x, c->band_ktype[b], ln->k[b] + (size_t)row * c->band_kb[b], c->shape.head_dim);
+    } else if (is_v) kv_decode(x, c->band_vtype[b], kv_band_v(c, ln, b, row), c->shape.head_dim);
+    else kv_decode(x, c->band_ktype[b], kv_band_k(c, ln, b, row), c->shape.head_dim);
 }
 
 /* Slot s's key or value from x; a per-channel key goes through chan_put, so s must hold its token already (pos). */
 static void slot_write(KVCache *c, KVLane *ln, int s, int is_v, const float *x) {
     int b = kv_slot_band(ln, s), row = s - ln->band_first[b];
     if (!is_v && c->band_kchan[b]) chan_put(c, ln, b, s, x);
-    else if (is_v) kv_encode(ln->v[b] + (size_t)row * c->band_vb[b], c->band_vtype[b], x, c->shape.head_dim);
-    else kv_encode(ln->k[b] + (size_t)row * c->band_kb[b], c->band_ktype[b], x, c->shape.head_dim);
+    else if (is_v) kv_encode(kv_band_v(c, ln, b, row), c->band_vtype[b], x, c->shape.head_dim);
+    else kv_encode(kv_band_k(c, ln, b, row), c->band_ktype[b], x, c->shape.head_dim);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -1649,10 +1651,9 @@ static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
         /* a form the two bands share moves as bytes (kprec=/vprec= apart); per-channel keys are their group's codes */
         KVType from_ty = is_v ? c->band_vtype[b] : c->band_ktype[b], to_ty = is_v ? c->band_vtype[next] : c->band_ktype[next];
         if (from_ty == to_ty && (is_v || (!c->band_kchan[b] && !c->band_kchan[next]))) {
-            size_t n = is_v ? c->band_vb[b] : c->band_kb[b];
-            uint8_t *dst = is_v ? ln->v[next] : ln->k[next];
-            const uint8_t *src = is_v ? ln->v[b] : ln->k[b];
-            memcpy(dst + (size_t)(to - ln->band_first[next]) * n, src + (size_t)(from - ln->band_first[b]) * n, n);
+            int rt = to - ln->band_first[next], rf = from - ln->band_first[b];
+            if (is_v) memcpy(kv_band_v(c, ln, next, rt), kv_band_v(c, ln, b, rf), c->band_vb[b]);
+            else memcpy(kv_band_k(c, ln, next, rt), kv_band_k(c, ln, b, rf), c->band_kb[b]);
         } else { slot_read(c, ln, from, is_v, x); slot_write(c, ln, to, is_v, x); }
     }
     if (ln->pos0) { ln->pos0[to] = ln->pos0[from]; ln->pos0[from] = -1; }

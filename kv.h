@@ -212,6 +212,14 @@ typedef struct {
     int n_free[KV_MAX_BANDS];
     uint8_t *k[KV_MAX_BANDS];       /* (band_slots, k bytes of the band) keys in the band's key type */
     uint8_t *v[KV_MAX_BANDS];       /* (band_slots, v bytes of the band) values in the band's value type */
+    /* Paging: row r of band b (slot band_first[b] + r) lives in page r >> pg_shift, at row r & pg_mask of it:
+     * kpg[b][page] + (r & pg_mask) * key bytes, values in vpg[b][page] (kv_band_k, kv_band_v). A lane of a single run
+     * holds each band in one page, its arena block (kpg[b] = &k[b], pg_shift 30); a lane of a pool (kv_cache_init_pool)
+     * holds band 0 in pages of 2^pg_shift slots taken from the pool as it fills, their ids in page_id. */
+    uint8_t **kpg[KV_MAX_BANDS], **vpg[KV_MAX_BANDS];
+    int pg_shift, pg_mask;
+    int n_pages;           /* pool lanes: pages held (the first n_pages entries of kpg[0], vpg[0], page_id) */
+    int *page_id;          /* pool lanes: (pages of cap slots) the pool's id of each page held; NULL in a single run */
     float *mw;             /* (cap) merge=1 (merge-on-evict): each slot's accumulated attention, the group-mean
                               probabilities summed over the steps it was seen (a merged slot's: its tokens' sum), zeroed
                               when a token is stored; NULL without merge=1 */
@@ -687,13 +695,19 @@ static inline int kv_slot_band(const KVLane *ln, int slot) {
     while (slot < ln->band_first[b]) b++;
     return b;
 }
+static inline uint8_t *kv_band_k(const KVCache *c, const KVLane *ln, int b, int r) {   /* row r of band b */
+    return ln->kpg[b][r >> ln->pg_shift] + (size_t)(r & ln->pg_mask) * c->band_kb[b];
+}
+static inline uint8_t *kv_band_v(const KVCache *c, const KVLane *ln, int b, int r) {
+    return ln->vpg[b][r >> ln->pg_shift] + (size_t)(r & ln->pg_mask) * c->band_vb[b];
+}
 static inline const uint8_t *kv_slot_k(const KVCache *c, const KVLane *ln, int slot) {
     int b = kv_slot_band(ln, slot);
-    return ln->k[b] + (size_t)(slot - ln->band_first[b]) * c->band_kb[b];
+    return kv_band_k(c, ln, b, slot - ln->band_first[b]);
 }
 static inline const uint8_t *kv_slot_v(const KVCache *c, const KVLane *ln, int slot) {
     int b = kv_slot_band(ln, slot);
-    return ln->v[b] + (size_t)(slot - ln->band_first[b]) * c->band_vb[b];
+    return kv_band_v(c, ln, b, slot - ln->band_first[b]);
 }
 
 /* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator whose output is the same on every platform; any

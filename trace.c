@@ -142,7 +142,8 @@ static void buf_utf8(Buf *b, unsigned cp) {
     if (cp < 0x80) { u[0] = (char)cp; k = 1; }
     else if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 0x3F)); k = 2; }
     else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | (cp >> 6 & 0x3F)); u[2] = (char)(0x80 | (cp & 0x3F)); k = 3;
+        u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F)); k = 3;
     } else {
         u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | (cp >> 12 & 0x3F));
         u[2] = (char)(0x80 | (cp >> 6 & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); k = 4;
@@ -208,7 +209,8 @@ static int json_string_raw(JsonIn *in) {
             continue;
         default: {
             char nm[16];
-            return json_fail(in, in->pos, "unknown escape \\ followed by %s", byte_name((unsigned char)e, nm, sizeof nm));
+            return json_fail(in, in->pos, "unknown escape \\ followed by %s",
+                             byte_name((unsigned char)e, nm, sizeof nm));
         }
         }
         buf_add(b, &out, 1);
@@ -489,7 +491,8 @@ static int line_int(const Json *v, const char *key, long long lo, long long hi, 
 }
 static int line_str(const Json *v, const char *what, char *err, size_t errlen) {
     char w[32];
-    if (v->type != JSON_STRING) return errorf(err, errlen, "%s must be a string, not %s", what, json_what(v, w, sizeof w));
+    if (v->type != JSON_STRING)
+        return errorf(err, errlen, "%s must be a string, not %s", what, json_what(v, w, sizeof w));
     return 0;
 }
 
@@ -519,10 +522,12 @@ static int line_request(Trace *t, TraceReq *r, const Json *o, int n_gen, size_t 
             if (line_str(v, "\"system\"", err, errlen)) return -1;
             r->system = xstrdup(v->str);
         } else if (!strcmp(key, "doc") || !strcmp(key, "docs")) {
-            if (json_get(o, "doc") && json_get(o, "docs")) return errorf(err, errlen, "give \"doc\" or \"docs\", not both");
+            if (json_get(o, "doc") && json_get(o, "docs"))
+                return errorf(err, errlen, "give \"doc\" or \"docs\", not both");
             int one = !strcmp(key, "doc");
             if (!one && v->type != JSON_ARRAY)
-                return errorf(err, errlen, "\"docs\" must be an array of file paths, not %s", json_what(v, w, sizeof w));
+                return errorf(err, errlen, "\"docs\" must be an array of file paths, not %s",
+                              json_what(v, w, sizeof w));
             for (size_t d = 0; d < (one ? 1 : v->len); d++) {
                 const Json *p = one ? v : &v->item[d];
                 if (one) snprintf(what, sizeof what, "\"doc\" (a file path)");
@@ -698,9 +703,6 @@ int trace_generate(Trace *t, int n_requests, const char *pattern, char **doc_pat
         return errorf(err, errlen, "document lengths [%d, %d] tokens: need 1 <= min <= max (or both 0: whole "
                       "documents)", min_tokens, max_tokens);
     if (n_gen < 1) return errorf(err, errlen, "tokens to generate must be >= 1, not %d", n_gen);
-    if (!(mean_interarrival >= 0) || !isfinite(mean_interarrival))
-        return errorf(err, errlen, "mean inter-arrival time must be a finite number of steps >= 0, not %g",
-                      mean_interarrival);
     t->pattern = (TracePattern)pat;
     t->seed = seed;
     t->min_tokens = min_tokens;
@@ -747,7 +749,11 @@ int trace_generate(Trace *t, int n_requests, const char *pattern, char **doc_pat
     }
     free(cdf);
     free(table);
-    return trace_assign_arrivals(t, mean_interarrival, seed ^ ARRIVAL_STREAM, err, errlen);
+    if (trace_assign_arrivals(t, mean_interarrival, seed ^ ARRIVAL_STREAM, err, errlen)) {
+        trace_free(t);
+        return -1;
+    }
+    return 0;
 }
 
 
@@ -769,6 +775,7 @@ static void close_reply(TraceReq *r, Buf *reply) {
 }
 
 typedef enum { CONV_OK, CONV_MALFORMED, CONV_NO_HUMAN, CONV_NOT_HUMAN_FIRST } ConvVerdict;
+enum { ROLE_HUMAN, ROLE_GPT, ROLE_SYSTEM };
 
 /* One conversation: its verdict and, when CONV_OK, the request it makes (arrays in r, texts copied). */
 static ConvVerdict sharegpt_conversation(TraceReq *r, const Json *c, int n_gen) {
@@ -780,14 +787,15 @@ static ConvVerdict sharegpt_conversation(TraceReq *r, const Json *c, int n_gen) 
     for (size_t k = 0; k < turns->len; k++) {
         const Json *from = json_get(&turns->item[k], "from"), *value = json_get(&turns->item[k], "value");
         if (!from || !value || from->type != JSON_STRING || value->type != JSON_STRING) return CONV_MALFORMED;
-        int role = !strcmp(from->str, "human") ? 0 : !strcmp(from->str, "gpt") ? 1 : !strcmp(from->str, "system") ? 2 : -1;
-        if (role < 0 || (role == 2 && first >= 0)) return CONV_MALFORMED;
-        if (role != 2 && first < 0) first = role;
-        n_human += role == 0;
-        n_nonempty += role == 0 && value->len > 0;
+        int role = !strcmp(from->str, "human") ? ROLE_HUMAN : !strcmp(from->str, "gpt") ? ROLE_GPT
+                 : !strcmp(from->str, "system") ? ROLE_SYSTEM : -1;
+        if (role < 0 || (role == ROLE_SYSTEM && first >= 0)) return CONV_MALFORMED;
+        if (role != ROLE_SYSTEM && first < 0) first = role;
+        n_human += role == ROLE_HUMAN;
+        n_nonempty += role == ROLE_HUMAN && value->len > 0;
     }
     if (n_nonempty == 0) return CONV_NO_HUMAN;
-    if (first != 0) return CONV_NOT_HUMAN_FIRST;
+    if (first != ROLE_HUMAN) return CONV_NOT_HUMAN_FIRST;
     if (n_human > INT_MAX) return CONV_MALFORMED;
     Buf sys = {0}, reply = {0};
     r->turns = xrealloc(NULL, (size_t)n_human * sizeof *r->turns);

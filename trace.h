@@ -25,8 +25,10 @@ typedef struct {
     char **turns;       /* (n_turns) the user messages, asked one after another (the first after the documents) */
     int n_turns;
     int n_gen;          /* tokens to generate after each turn (>= 1) */
-    int doc_tokens;     /* tokens of each document to use, its prefix (0 = the whole document); the tokenizer side cuts */
-    char **refs;        /* (n_turns) ShareGPT: the reply that followed each turn in the source ("" when none); else NULL */
+    int doc_tokens;     /* tokens of each document to use, its prefix (0 = the whole document); the tokenizer side
+                           cuts it */
+    char **refs;        /* (n_turns) ShareGPT: the reply that followed each turn in the source ("" when none);
+                           else NULL */
     size_t *ref_bytes;  /* (n_turns) ShareGPT: bytes of each refs[i]; else NULL */
     char *source_id;    /* ShareGPT: the conversation's "id" as text (NULL when it has none); else NULL */
     int line;           /* the source line it was read from (ShareGPT: where its object opens); 0 when generated */
@@ -97,13 +99,14 @@ int trace_generate(Trace *t, int n_requests, const char *pattern, char **doc_pat
  * conversation becomes one request, in file order: leading "system" values (joined by a blank line) the system
  * prompt, each "human" value a turn, the "gpt" values after it (joined by a blank line) its refs/ref_bytes, n_gen
  * per turn, arrival 0 (trace_assign_arrivals sets others), no documents. Left out and counted (Trace.skipped_*):
- * conversations with no human turn, those whose first turn after the system turns is not human, and malformed ones.
- * vLLM's sampler takes entry 0 as the prompt and entry 1 as the reply, keeps conversations of 2 entries or more, and
- * drops prompts under 4 tokens, replies under 4 tokens, prompts over 1024 and prompt + reply over 2048; those length
- * rules need a tokenizer and are left to the caller (n_gen = the reply's tokens: tokenize refs[i]; ref_bytes[i] / 4
- * is a rough stand-in). At most max_requests requests are read (<= 0: all); the file after the last one read is
- * not looked at. Invalid JSON or a top level that is not an array: -1 and "sharegpt FILE:LINE:COL: ...". No request
- * left is an error too. On error *t holds nothing to free. */
+ * conversations with no human turn with text, those whose first turn after the system turns is not human, and
+ * malformed ones. vLLM's sampler (its benchmarks' ShareGPTDataset) keeps conversations of 2 entries or more, takes
+ * entry 0 as the prompt and entry 1 as the reply whatever their "from", shuffles them (seeded), and drops prompts
+ * under 4 tokens, replies under 4 tokens, prompts over 1024 and prompt + reply over 2048. Here every turn is kept, in
+ * file order, and the first must be human; the length rules need a tokenizer and are left to the caller (n_gen = the
+ * reply's tokens: tokenize refs[i]; ref_bytes[i] / 4 is a rough stand-in). At most max_requests requests are read
+ * (<= 0: all); the file after the last one read is not looked at. Invalid JSON or a top level that is not an array:
+ * -1 and "sharegpt FILE:LINE:COL: ...". No request left is an error too. On error *t holds nothing to free. */
 int trace_load_sharegpt(Trace *t, const char *path, int n_gen, int max_requests, char *err, size_t errlen);
 int trace_parse_sharegpt(Trace *t, const char *text, size_t len, const char *name, int n_gen, int max_requests,
                          char *err, size_t errlen);
@@ -120,7 +123,7 @@ int trace_pattern_parse(const char *name);
 const char *trace_pattern_name(TracePattern p);
 
 /* One line for the start-up notes: requests, where from, documents, pattern, arrivals ("1000 requests generated
- * (hotspot, Zipf s=1, seed 7) over 10 documents, 64..512 document tokens, arrivals 0..2481 (mean gap 2.5 steps)"). */
+ * (hotspot, Zipf s=1, seed 7) over 10 documents, 64..512 document tokens, arrivals 0..2493 (mean gap 2.5 steps)"). */
 void trace_describe(const Trace *t, char *buf, size_t len);
 
 void trace_free(Trace *t);

@@ -196,8 +196,8 @@ static void test_errors(const char *doc_a) {
     int n_bad = (int)(sizeof bad / sizeof bad[0]);
     for (int i = 0; i < n_bad; i++) {
         char text[1024], err[512];
-        snprintf(text, sizeof text, "{\"prompt\": \"fine\", \"arrival\": 2}\n%s\n{\"prompt\": \"after\", \"arrival\": 9}\n",
-                 bad[i].line2);
+        snprintf(text, sizeof text, "{\"prompt\": \"fine\", \"arrival\": 2}\n%s\n"
+                 "{\"prompt\": \"after\", \"arrival\": 9}\n", bad[i].line2);
         Trace t;
         memset(&t, 0x5a, sizeof t);   /* the parser must not read what the caller left there */
         err[0] = 0;
@@ -242,7 +242,8 @@ static uint64_t trace_hash(const Trace *t) {
         const TraceReq *r = &t->req[i];
         long long v[3] = {r->doc_ids[0], r->doc_tokens, r->arrival};
         for (int k = 0; k < 3; k++)
-            for (int b = 0; b < 8; b++) h = (h ^ (uint64_t)((unsigned long long)v[k] >> (8 * b) & 0xff)) * 0x100000001b3ull;
+            for (int b = 0; b < 8; b++)
+                h = (h ^ (uint64_t)((unsigned long long)v[k] >> (8 * b) & 0xff)) * 0x100000001b3ull;
         for (const char *p = r->turns[0]; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
     }
     return h;
@@ -311,8 +312,8 @@ static void test_generate(char **docs) {
     /* arrivals: request 999 at floor(sum of 999 gaps), mean 2.5; the mean gap's SD is 2.5 / sqrt(999) = 0.079, so
      * 4 SDs = 0.32 steps (the floor adds under 1/999) */
     double mean_gap = (double)a.req[NREQ - 1].arrival / (NREQ - 1);
-    CHECK(arrivals_ok && fabs(mean_gap - 2.5) <= 0.32, "arrivals from 0, non-decreasing, mean gap %.3f steps (2.5 asked, "
-          "+- 0.32 = 4 SDs)", mean_gap);
+    CHECK(arrivals_ok && fabs(mean_gap - 2.5) <= 0.32, "arrivals from 0, non-decreasing, mean gap %.3f steps (2.5 "
+          "asked, +- 0.32 = 4 SDs)", mean_gap);
     char desc[256];
     trace_describe(&a, desc, sizeof desc);
     CHECK(strstr(desc, "1000 requests generated (hotspot, Zipf s=1, seed 7) over 10 documents, 64..512 document "
@@ -387,7 +388,9 @@ static void test_generate(char **docs) {
     rc = trace_generate(&u, 10, "random", docs, NDOC, 1, 1, 3, -1, 1, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "mean inter-arrival"), "a negative mean: '%s'", err);
     rc = trace_generate(&u, 10, "random", docs, NDOC, 1, 1, 3, NAN, 1, err, sizeof err);
-    CHECK(rc == -1 && strstr(err, "mean inter-arrival"), "a NaN mean: '%s'", err);
+    CHECK(rc == -1 && strstr(err, "mean inter-arrival") && trace_is_empty(&u), "a NaN mean: '%s'", err);
+    rc = trace_generate(&u, 10, "random", docs, NDOC, 1, 1, 3, 1e300, 1, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "arrivals pass") && trace_is_empty(&u), "arrivals past a long: '%s'", err);
     rc = trace_generate(&u, 10, "random", docs, NDOC, 1, 1, 3, 1, 0, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "must be >= 1"), "n_gen 0: '%s'", err);
     CHECK(trace_pattern_parse("hotspot") == TRACE_HOTSPOT && trace_pattern_parse("Hotspot") == -1 &&

@@ -114,8 +114,9 @@ int trace_parse_sharegpt(Trace *t, const char *text, size_t len, const char *nam
 /* Arrivals for every request: request 0 at step 0, request i at floor(T_i), T_i the sum of i exponential gaps of
  * mean mean_interarrival steps (inverse CDF, -mean * log(1 - u), u uniform in [0, 1) from splitmix64(seed)); mean 0:
  * all at step 0. Rounding the running time, not each gap, keeps the mean gap at the mean. Same seed, same arrivals
- * wherever log is correctly rounded (glibc); elsewhere a step can differ only where T_i lies within an ulp of an
- * integer. 0, or -1 + message (mean negative or not finite). */
+ * wherever libm's log gives glibc's doubles (glibc's log is within 0.52 ulp, not always correctly rounded); where it
+ * does not, a step can differ only where T_i lies within an ulp or so of an integer. 0, or -1 + message (mean
+ * negative or not finite, or arrivals past LONG_MAX steps). */
 int trace_assign_arrivals(Trace *t, double mean_interarrival, uint64_t seed, char *err, size_t errlen);
 
 /* The pattern for a name ("sequential", "random", "hotspot"), or -1; the name of a pattern. */

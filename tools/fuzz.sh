@@ -7,7 +7,7 @@
 # usage: tools/fuzz.sh [-t SECONDS] [-r RUNS] [--build-only] [--merge] [TARGET...]
 #   -t SECONDS   time per target (default 60); -r RUNS: stop a target after RUNS executions (default: no limit)
 #   --merge      afterwards, rewrite tests/fuzz/corpus/TARGET as a minimal set of inputs covering every edge found
-#   TARGET       model gguf tokenizer encode kvspec cli (default: all)
+#   TARGET       model gguf tokenizer encode kvspec cli trace (default: all)
 # Crashes land in build/fuzz/crashes/TARGET/; logs (execution counts) in build/fuzz/logs/TARGET.log.
 # Extra seeds (never committed): FUZZ_EXTRA_SEEDS=DIR adds DIR/TARGET/* to a run.
 set -euo pipefail
@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
         *) targets+=("$1"); shift ;;
     esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(model gguf tokenizer encode kvspec cli)
+[ ${#targets[@]} -gt 0 ] || targets=(model gguf tokenizer encode kvspec cli trace)
 
 CC=${FUZZ_CC:-clang}
 if ! command -v "$CC" >/dev/null; then
@@ -38,11 +38,13 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=all"
 CFLAGS="-g -O1 -fno-omit-frame-pointer -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -DKVLAB_GIT=\"fuzz\"
         -Wall -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -I. $SAN"
 objs=()
-for src in kv policies tokenizer eval run export; do
+# the engine's objects, as the Makefile lists them (ENGINE); main lives elsewhere (main.c, export_main.c)
+engine=$(sed -n 's/^ENGINE *:= *//p' Makefile)
+[ -n "$engine" ] || { echo "fuzz.sh: no ENGINE list in the Makefile" >&2; exit 2; }
+for src in $engine; do
     o=$B/obj/$src.o
-    extra=""; case $src in run|export) extra=-DKVLAB_NO_MAIN ;; esac
     if [ ! -f "$o" ] || [ "$src.c" -nt "$o" ] || [ -n "$(find . -maxdepth 1 -name '*.h' -newer "$o")" ]; then
-        $CC $CFLAGS -fsanitize=fuzzer-no-link $extra -c -o "$o" "$src.c"
+        $CC $CFLAGS -fsanitize=fuzzer-no-link -c -o "$o" "$src.c"
     fi
     objs+=("$o")
 done

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 o=$1
 EXPORT=${KVLAB_EXPORT:-./export}
-rm -rf "$o"; mkdir -p "$o"/{gguf,model,tokenizer,encode,kvspec,cli,vocabs}
+rm -rf "$o"; mkdir -p "$o"/{gguf,model,tokenizer,encode,kvspec,cli,trace,vocabs}   # trace: seeds in corpus/trace only
 python3 tests/fuzz/gen_seeds.py "$o/gguf"
 for g in "$o"/gguf/*.gguf; do
     b=$(basename "$g" .gguf)

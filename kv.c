@@ -14,6 +14,7 @@
 #include "kv_codec.h"
 #include "kv_impl.h"
 #include "lowrank.h"
+#include "pool.h"
 #include "util.h"
 
 #include <errno.h>
@@ -611,8 +612,9 @@ static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     KVBytes b = {0};
     size_t meta = cache_slot_meta(c);
     for (int x = 0; x < c->n_bands; x++) {
-        int live = ln->band_slots[x] - ln->n_free[x];
-        b.vec_alloc += (size_t)ln->band_slots[x] * band_pair_bytes(c, x);
+        int live = c->pool ? ln->n_live : ln->band_slots[x] - ln->n_free[x];
+        b.vec_alloc += c->pool ? (size_t)ln->n_pages * c->pool->page_bytes
+                               : (size_t)ln->band_slots[x] * band_pair_bytes(c, x);
         if (!c->band_kchan[x]) { b.vec_live += (size_t)live * lane_pair_bytes(c, ln, x); continue; }
         if (ln->band_slots[x]) b.vec_alloc += chan_extra_bytes(ln->band_slots[x], c->kgroup, c->shape.head_dim);
         b.vec_live += (size_t)live * c->band_vb[x] + chan_band_live(c, ln, x);
@@ -879,6 +881,13 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
         first -= slots[b];
         if (base) { ln->band_first[b] = first; ln->band_slots[b] = slots[b]; }
         CARVE(ln->free[b], int *, (size_t)slots[b] * sizeof(int));
+        if (c->pool) {   /* the vectors live in the pool's pages; the lane holds their table */
+            int n_pg = kv_pool_pages_for(slots[b], c->page_slots);
+            CARVE(ln->kpg[b], uint8_t **, (size_t)n_pg * sizeof(uint8_t *));
+            CARVE(ln->vpg[b], uint8_t **, (size_t)n_pg * sizeof(uint8_t *));
+            CARVE(ln->page_id, int *, (size_t)n_pg * sizeof(int));
+            continue;
+        }
         size_t kbytes = (size_t)slots[b] * c->band_kb[b];   /* per channel: codes, headers, the open buffer */
         if (c->band_kchan[b] && slots[b])
             kbytes = chan_open_off(c->band_kb[b], slots[b], c->kgroup, hd)
@@ -887,7 +896,11 @@ static size_t lane_carve(KVCache *c, KVLane *ln, int cap, uint8_t *base) {
         CARVE(ln->v[b], uint8_t *, (size_t)slots[b] * c->band_vb[b]);
         if (base) { ln->kpg[b] = &ln->k[b]; ln->vpg[b] = &ln->v[b]; }   /* one page per band (kv.h, Paging) */
     }
-    if (base) { ln->pg_shift = 30; ln->pg_mask = (1 << 30) - 1; }
+    if (base) {
+        int P = c->pool ? c->page_slots : 1 << 30;
+        ln->pg_mask = P - 1;
+        for (ln->pg_shift = 0; (1 << ln->pg_shift) < P; ln->pg_shift++) {}
+    }
 #undef CARVE
     return off;
 }
@@ -989,16 +1002,39 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
 }
 
 /* kv_cache_init_lanes, with spec_notes said (notes) or not (a clone: its spec was noted when the original was made) */
-static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, int notes, char *err,
-                      size_t errlen);
+static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, int notes, KVPool *pool,
+                      char *err, size_t errlen);
 
 int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, char *err,
                         size_t errlen) {
-    return cache_init(c, shape, spec, caps, 1, err, errlen);
+    return cache_init(c, shape, spec, caps, 1, NULL, err, errlen);
 }
 
-static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, int notes, char *err,
-                      size_t errlen) {
+int kv_cache_init_pool(KVCache *c, const KVShape *shape, const KVSpec *spec, KVPool *pool, char *err, size_t errlen) {
+    return cache_init(c, shape, spec, NULL, 1, pool, err, errlen);
+}
+
+/* 0, or -1 + message when a spec cannot keep its lanes in a pool's pages (kv_cache_init_pool says which cannot yet);
+ * sets c->page_slots. */
+static int pool_check(KVCache *c, KVPool *pool, char *err, size_t errlen) {
+    const char *why = c->n_bands > 1 ? "several precision bands (prec=, residual=)"
+                    : c->kgroup ? "per-channel keys (kgroup=channel)"
+                    : c->krank || c->vrank ? "low rank (rank=, krank=, vrank=)"
+                    : c->spec.fast_bytes || c->spec.fast_frac > 0 ? "memory tiers (fast=)" : NULL;
+    if (why) return errorf(err, errlen, "'%s': a serving pool's lanes hold one storage form in pages; %s are not "
+                           "paged yet", c->spec.text, why);
+    size_t pair = c->band_kb[0] + c->band_vb[0];
+    int P = 1;
+    while ((size_t)(2 * P) * pair <= pool->page_bytes && 2 * P <= (1 << 20)) P *= 2;
+    if ((size_t)P * pair > pool->page_bytes)
+        return errorf(err, errlen, "'%s': one slot of a lane (%zu B of key and value) does not fit the pool's page of "
+                      "%zu B", c->spec.text, pair, pool->page_bytes);
+    c->page_slots = P;
+    return 0;
+}
+
+static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, int notes, KVPool *pool,
+                      char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     c->shape = *shape;
     c->spec = *spec;
@@ -1125,6 +1161,11 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
         }
 
     int hd = shape->head_dim, B = c->budget;
+    if (pool && caps) { kv_cache_free(c); return errorf(err, errlen, "'%s': a pool cache takes no ragged caps yet", spec->text); }
+    if (pool) {
+        c->pool = pool;
+        if (pool_check(c, pool, err, errlen)) { kv_cache_free(c); return -1; }
+    }
     c->k_bytes = c->band_kb[c->n_bands - 1];
     c->v_bytes = c->band_vb[c->n_bands - 1];
     /* one arena for every lane; calloc: large arenas come zeroed from the kernel page by page, so a cache costs
@@ -1184,14 +1225,21 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
     return 0;
 }
 
+/* A pool lane gives every page back (the last taken first, so a cached prefix's longer blocks leave the cache first). */
+static void lane_release_pages(KVCache *c, KVLane *ln) {
+    while (ln->n_pages > 0) kv_pool_release(c->pool, ln->page_id[--ln->n_pages]);
+}
+
 void kv_cache_reset(KVCache *c) {
     int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
+    if (c->pool)
+        for (int i = 0; i < n_lanes; i++) lane_release_pages(c, &c->lanes[i]);
     for (int i = 0; i < n_lanes; i++) {
         KVLane *ln = &c->lanes[i];
         ln->n_live = 0;
         for (int b = 0; b < c->n_bands; b++) {   /* each band pops its slots in increasing order */
             ln->kopen[b] = -1;
-            ln->n_free[b] = ln->band_slots[b];
+            ln->n_free[b] = c->pool ? 0 : ln->band_slots[b];   /* a pool lane's slots come with its pages */
             for (int s = 0; s < ln->band_slots[b]; s++) ln->free[b][s] = ln->band_first[b] + ln->band_slots[b] - 1 - s;
         }
         for (int s = 0; s < ln->cap; s++) ln->pos[s] = -1;
@@ -1217,6 +1265,8 @@ void kv_cache_reset(KVCache *c) {
 }
 
 void kv_cache_free(KVCache *c) {
+    if (c->pool && c->lanes)
+        for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++) lane_release_pages(c, &c->lanes[i]);
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     else free(c->policy.state);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
@@ -1232,6 +1282,7 @@ void kv_cache_free(KVCache *c) {
 int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen) {
     if (src->device || dst->device || dst->on_slot)
         return errorf(err, errlen, "kv: a cache with a device mirror cannot be cloned or restored");
+    if (src->pool || dst->pool) return errorf(err, errlen, "kv: a pool cache cannot be cloned or restored yet");
     int n_lanes = src->shape.n_layers * src->shape.n_kv_heads;
     if (strcmp(dst->spec.text, src->spec.text) || dst->arena_bytes != src->arena_bytes || dst->budget != src->budget
         || dst->policy.state_bytes != src->policy.state_bytes
@@ -1279,13 +1330,14 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
 
 int kv_cache_clone(KVCache *dst, const KVCache *src, char *err, size_t errlen) {
     if (src->device) return errorf(err, errlen, "kv: a cache with a device mirror cannot be cloned");
+    if (src->pool) return errorf(err, errlen, "kv: a pool cache cannot be cloned yet (its pages would be shared)");
     int n_lanes = src->shape.n_layers * src->shape.n_kv_heads, *caps = malloc((size_t)n_lanes * sizeof(int));
     if (!caps) return errorf(err, errlen, "out of memory");
     for (int i = 0; i < n_lanes; i++) caps[i] = src->lanes[i].cap;
     KVSpec spec = src->spec;
     memset(spec.used, 0, sizeof spec.used);
     /* the spec as parsed (src->spec has the base type written over ktype/vtype, which the bands already hold) */
-    int rc = cache_init(dst, &src->shape, &spec, caps, 0, err, errlen);
+    int rc = cache_init(dst, &src->shape, &spec, caps, 0, NULL, err, errlen);
     free(caps);
     if (rc) return -1;
     dst->backend = src->backend;
@@ -1670,6 +1722,120 @@ static void band_make_room(KVCache *c, int l, int g, KVLane *ln, int b, int t) {
     c->live_bytes = c->live_bytes - token_bytes(c, ln, b) + token_bytes(c, ln, next);
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Pool lanes (kv_cache_init_pool): band 0 in pages of P slots from the pool. Page j holds slots jP .. jP+P-1 (those
+ * below cap), keys first, then values. A lane takes a page when a token arrives and every slot of its pages is live,
+ * and gives pages back when its live slots fit in fewer (lane_shed_pages).
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* One more page for a pool lane, its slots pushed on the free stack so the lowest pops first: 0, or -1 when the pool
+ * has none free (or the lane holds pages for cap slots already, a kv.c bug). */
+static int lane_take_page(KVCache *c, KVLane *ln) {
+    int P = c->page_slots, j = ln->n_pages;
+    if (j * P >= ln->cap) return -1;
+    int id = kv_pool_take(c->pool);
+    if (id < 0) return -1;
+    uint8_t *page = kv_pool_page(c->pool, id);
+    ln->page_id[j] = id;
+    ln->kpg[0][j] = page;
+    ln->vpg[0][j] = page + (size_t)P * c->band_kb[0];
+    ln->n_pages++;
+    int hi = (j + 1) * P < ln->cap ? (j + 1) * P : ln->cap;
+    for (int s = hi - 1; s >= j * P; s--) ln->free[0][ln->n_free[0]++] = s;
+    return 0;
+}
+
+/* Give back the pages a pool lane no longer needs: while its live slots, plus the one about to be stored, fit in
+ * fewer pages than it holds (after snapkv's compression, or a policy that shrinks a lane), the live slots of its last
+ * page move into free slots of the pages below (vectors, position, pos0, mw and policy metadata move with them; a
+ * rank keeps its place in the live list, so attention and the policy see the same lane) and the page goes back. */
+static void lane_shed_pages(KVCache *c, KVLane *ln) {
+    int P = c->page_slots;
+    while (ln->n_pages > 1 && ln->n_pages > kv_pool_pages_for(ln->n_live + 1, P)) {
+        int j = ln->n_pages - 1, lo = j * P, w = 0;
+        for (int i = 0; i < ln->n_live; i++) {
+            int from = ln->live[i];
+            if (from < lo) continue;
+            int f = ln->n_free[0] - 1;   /* a free slot below the page: there are enough (n_live + 1 <= j P) */
+            while (ln->free[0][f] >= lo) f--;
+            int to = ln->free[0][f];
+            ln->free[0][f] = ln->free[0][--ln->n_free[0]];
+            memcpy(kv_band_k(c, ln, 0, to), kv_band_k(c, ln, 0, from), c->band_kb[0]);
+            memcpy(kv_band_v(c, ln, 0, to), kv_band_v(c, ln, 0, from), c->band_vb[0]);
+            ln->pos[to] = ln->pos[from]; ln->pos[from] = -1;
+            if (ln->pos0) { ln->pos0[to] = ln->pos0[from]; ln->pos0[from] = -1; }
+            if (ln->mw) { ln->mw[to] = ln->mw[from]; ln->mw[from] = 0; }
+            memcpy(ln->meta + (size_t)to * c->meta_bytes, ln->meta + (size_t)from * c->meta_bytes, c->meta_bytes);
+            ln->live[i] = to;
+        }
+        for (int f = 0; f < ln->n_free[0]; f++)   /* the page's free slots leave the stack, the others keep order */
+            if (ln->free[0][f] < lo) ln->free[0][w++] = ln->free[0][f];
+        ln->n_free[0] = w;
+        kv_pool_release(c->pool, ln->page_id[--ln->n_pages]);
+    }
+}
+
+int kv_pages_needed(const KVCache *c, int n) {
+    if (!c->pool) return 0;
+    int need = 0;
+    for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++) {
+        const KVLane *ln = &c->lanes[i];
+        int slots = ln->n_live + n < ln->cap ? ln->n_live + n : ln->cap;
+        int more = kv_pool_pages_for(slots, c->page_slots) - ln->n_pages;
+        need += more > 0 ? more : 0;
+    }
+    return need;
+}
+
+int kv_pages_held(const KVCache *c) {
+    int n = 0;
+    if (c->pool)
+        for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++) n += c->lanes[i].n_pages;
+    return n;
+}
+
+int kv_lane_page_id(const KVCache *c, int lane, int j) {
+    const KVLane *ln = &c->lanes[lane];
+    return c->pool && j >= 0 && j < ln->n_pages ? ln->page_id[j] : -1;
+}
+
+int kv_cache_adopt_prefix(KVCache *c, const int *pages, int n_blocks, char *err, size_t errlen) {
+    const KVPolicyOps *ops = c->policy.ops;
+    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads, P = c->page_slots;
+    if (!c->pool) return errorf(err, errlen, "kv: prefix pages are for pool caches");
+    if (ops->evicts || ops->merge || ops->prune || ops->select || c->merge_evict)
+        return errorf(err, errlen, "kv: '%s' evicts, merges, prunes or selects, so its lanes' pages are not a "
+                      "prefix's tokens in order: only full shares prefix pages", c->spec.text);
+    for (int i = 0; i < n_lanes; i++) {
+        KVLane *ln = &c->lanes[i];
+        if (ln->n_live || ln->n_pages) return errorf(err, errlen, "kv: prefix pages go into an empty cache");
+        if (n_blocks * P > ln->cap)
+            return errorf(err, errlen, "kv: a prefix of %d tokens is over a lane's %d slots", n_blocks * P, ln->cap);
+    }
+    for (int i = 0; i < n_lanes; i++) {
+        KVLane *ln = &c->lanes[i];
+        for (int j = 0; j < n_blocks; j++) {
+            int id = pages[(size_t)j * n_lanes + i];
+            uint8_t *page = kv_pool_page(c->pool, id);
+            ln->page_id[j] = id;
+            ln->kpg[0][j] = page;
+            ln->vpg[0][j] = page + (size_t)P * c->band_kb[0];
+        }
+        ln->n_pages = n_blocks;
+        for (int s = 0; s < n_blocks * P; s++) {
+            ln->pos[s] = s;
+            if (ln->pos0) ln->pos0[s] = s;
+            ln->live[ln->n_live++] = s;
+            memset(ln->meta + (size_t)s * c->meta_bytes, 0, c->meta_bytes);
+            if (ops->on_insert) ops->on_insert(&c->policy, i, ln, ln->n_live - 1, s);
+        }
+        c->live_bytes += (size_t)ln->n_live * token_bytes(c, ln, 0);
+        if (ln->n_live > ln->peak_live) ln->peak_live = ln->n_live;
+    }
+    if (c->live_bytes > c->peak_live_bytes) c->peak_live_bytes = c->live_bytes;
+    return 0;
+}
+
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;
@@ -1692,7 +1858,12 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
             if (n <= 0) return -1;
             lane_evict(c, l, g, ln, c->victim_buf, c->score_buf, n, t);
         }
-        /* step 2: store, into band 0 (recoding older tokens down the bands to make room) */
+        /* step 2: store, into band 0 (recoding older tokens down the bands to make room); a pool lane first gives
+           back the pages it no longer needs, or takes one when every slot of its pages is live */
+        if (c->pool) {
+            lane_shed_pages(c, ln);
+            if (ln->n_free[0] == 0 && lane_take_page(c, ln)) return -1;
+        }
         band_make_room(c, l, g, ln, 0, t);
         int slot = band_pop(c, ln, 0);
         ln->pos[slot] = t;

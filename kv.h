@@ -442,6 +442,7 @@ typedef void (*KVSlotFn)(void *ctx, KVSlotEvent ev, int lane, int slot, int from
  * chunk path (attn_cpu.c); REF, kv_attend_ref token by token (-d ref: a whole job on the definition). */
 typedef enum { KV_BACKEND_FAST = 0, KV_BACKEND_REF } KVBackend;
 
+struct KVPool;
 struct KVCache {
     KVShape shape;
     KVSpec spec;
@@ -466,6 +467,8 @@ struct KVCache {
     int prompt_dense;        /* 1: prompt=dense (selection policies): queries before the prompt's end read every
                                 token through the ordinary attention, later ones select (kv_set_prompt_len) */
     KVLane *lanes;           /* (n_layers * n_kv_heads) */
+    struct KVPool *pool;     /* the serving pool the lanes' pages come from (kv_cache_init_pool), or NULL */
+    int page_slots;          /* pool caches: P, slots per page (a power of two); 0 in a single run */
     uint8_t *arena;          /* one allocation for every lane array */
     size_t arena_bytes;
     /* scratch for attention (workspace, not counted as cache) */
@@ -536,6 +539,32 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
 int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, char *err,
                         size_t errlen);
 void kv_cache_free(KVCache *c);
+/* As kv_cache_init, for one sequence of a serving pool (pool.h): every lane holds its slots in pages taken from the
+ * pool as it fills (none at first) and given back when the cache is reset or freed, or when a lane's live slots fit
+ * in fewer pages (its slots on the last page move down into free slots of the others: a policy never sees slot ids, so
+ * nothing it computes changes); the metadata (positions, live lists, policy data, page tables) lives beside the pool,
+ * never in it. A page holds P slots, P the largest power of two with P (key + value bytes) <= the pool's page_bytes,
+ * keys first then values. Results are those of a single run's cache of the same spec, bit for bit. Refused (-1 +
+ * message): several precision bands (prec=, residual=), per-channel keys, low rank, memory tiers, ragged caps, a page
+ * too small for one slot. kv_append returns -1 when a lane needs a page and the pool has none (kv_pages_needed says
+ * before a step how many it may take, so a scheduler reserves them). */
+int kv_cache_init_pool(KVCache *c, const KVShape *shape, const KVSpec *spec, struct KVPool *pool, char *err,
+                       size_t errlen);
+/* Pool caches: pages the cache may take appending n more tokens to every lane: over the lanes, pages for
+ * min(n_live + n, cap) slots beyond those held (an upper bound: freed slots are reused before a page is taken, and a
+ * policy that evicts keeps a lane at cap). 0 for a single run's cache. */
+int kv_pages_needed(const KVCache *c, int n);
+/* Pool caches: pages held now, all lanes. */
+int kv_pages_held(const KVCache *c);
+/* Pool caches: the pool's id of lane's j-th page (0 <= j < its n_pages), or -1. */
+int kv_lane_page_id(const KVCache *c, int lane, int j);
+/* Prefix caching (pool caches of a policy that never evicts, merges, prunes or selects: full): an empty cache takes
+ * n_blocks pages per lane that hold positions 0 .. n_blocks·P - 1 of another sequence with the same tokens, spec and
+ * model (pages: (n_blocks, n_lanes), the caller having taken a reference to each), as if it had stored them itself:
+ * lane i's slot s holds position s. 0, or -1 + message (not empty, another policy, more slots than a lane's cap). */
+int kv_cache_adopt_prefix(KVCache *c, const int *pages, int n_blocks, char *err, size_t errlen);
+/* Pool caches: slots per page (P); 0 for a single run's cache. */
+static inline int kv_page_slots(const KVCache *c) { return c->page_slots; }
 /* clone/restore: dst becomes a copy of src (same shape and spec, every lane, every policy's state, the counters);
  * kv_cache_clone creates dst, kv_cache_restore copies src into a dst made from the same spec (a clone of it). Used to
  * run several continuations from one shared context. Neither cache may have a device mirror attached; the event

@@ -18,7 +18,7 @@
 #define KV_POOL_PAGE_SLOTS 16   /* slots (tokens) of one lane per page: vLLM's default block size */
 #define KV_POOL_ALIGN 64        /* bytes: mem's alignment, a cache line (and an AVX-512 vector) */
 
-typedef struct {
+typedef struct KVPool {
     size_t page_bytes;   /* bytes of one page */
     int n_pages;         /* pages in the pool: floor(bytes / page_bytes) */
     int n_buckets;       /* hash buckets: the smallest power of two >= n_pages */

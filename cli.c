@@ -7,7 +7,9 @@
 #include "attn.h"
 #include "eval.h"
 #include "run.h"
+#include "serve.h"
 #include "task.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -18,11 +20,13 @@
 
 /* The modes, and which flags each one reads: one table (FLAGS) drives the parser, the per-mode check, -h and
  * README's flag table (./run -h flags prints it; tests/test_flags.sh checks README against it). */
-static const char *const MODES[] = {"generate", "chat", "ppl", "passkey", "bench", "tokenize", "detokenize", "task"};
+static const char *const MODES[] = {"generate", "chat", "ppl", "passkey", "bench", "tokenize", "detokenize", "task",
+                                    "serve"};
 #define N_MODES (int)(sizeof MODES / sizeof *MODES)
-enum { M_GEN = 1, M_CHAT = 2, M_PPL = 4, M_PASSKEY = 8, M_BENCH = 16, M_TOK = 32, M_DETOK = 64, M_TASK = 128 };
-#define M_ALL 255
-#define M_CACHE (M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH | M_TASK)   /* the modes that run a KV cache */
+enum { M_GEN = 1, M_CHAT = 2, M_PPL = 4, M_PASSKEY = 8, M_BENCH = 16, M_TOK = 32, M_DETOK = 64, M_TASK = 128,
+       M_SERVE = 256 };
+#define M_ALL 511
+#define M_CACHE (M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH | M_TASK | M_SERVE)   /* the modes that run a KV cache */
 
 typedef struct {
     const char *flag, *arg;   /* arg NULL: a switch without a value */
@@ -31,21 +35,22 @@ typedef struct {
 } FlagDef;
 
 static const FlagDef FLAGS[] = {
-    {"-m", "MODE", M_ALL, "generate (default), chat, ppl, passkey, bench, tokenize, detokenize, task"},
+    {"-m", "MODE", M_ALL, "generate (default), chat, ppl, passkey, bench, tokenize, detokenize, task, serve"},
     {"-i", "TEXT", M_GEN | M_CHAT | M_TOK, "prompt or text (token ids on an ids-only model)"},
     {"-f", "FILE", M_PPL | M_BENCH | M_TOK | M_DETOK,
      "text (ppl: repeatable, one document each; bench: the prompt text, repeated; detokenize: ids)"},
-    {"-n", "N", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH | M_TASK,
+    {"-n", "N", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_BENCH | M_TASK | M_SERVE,
      "generate, chat: tokens to generate, default 256, 0 = up to the context; ppl: score at most N tokens; "
      "passkey: answer tokens, default 8; bench: decode steps, default 32; task: answer tokens, default per task "
-     "(16 to 80)"},
+     "(16 to 80); serve: tokens each turn generates (greedy), default 32, a trace's \"n\" overrides"},
     {"-t", "T", M_GEN | M_CHAT, "temperature, default 1.0, 0 = greedy"},
     {"-p", "P", M_GEN | M_CHAT, "top-p, default 0.9, in (0,1]"},
-    {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY | M_TASK, "seed: sampling (default: fresh each run, printed); passkey: the "
-     "keys, task: the items (default 1)"},
+    {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY | M_TASK | M_SERVE, "seed: sampling (default: fresh each run, printed); "
+     "passkey: the keys, task: the items, serve: the generated trace and arrivals (default 1)"},
     {"-c", "N", M_CACHE, "context: full's cache and the shadow's length, tokens; default: the trained context "
                          "(passkey, task and bench: at most 2048)"},
-    {"-y", "TEXT", M_CHAT | M_TASK, "system prompt (default: the chat template's own, if it has one)"},
+    {"-y", "TEXT", M_CHAT | M_TASK | M_SERVE, "system prompt (default: the chat template's own, if it has one; serve: "
+     "a request's own \"system\" wins)"},
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench, task (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4, q2"},
     {"-calib", "FILE", M_CACHE, "calibration text (ids on an ids-only model) for a policy that chooses its lanes on "
@@ -53,18 +58,18 @@ static const FlagDef FLAGS[] = {
     {"-kvlog", "FILE", M_GEN | M_CHAT | M_PPL | M_PASSKEY | M_TASK, "cache events (evictions, merges, recodes) of every policy, JSON lines"},
     {"-d", "DEV", M_CACHE, "ref (attention by its definition, plain loops: slow, for checking), cpu, or cuda (generate "
                            "and chat); default cuda when usable, else cpu"},
-    {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH | M_TASK, "results, JSON lines, appended"},
+    {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH | M_TASK | M_SERVE, "results, JSON lines, appended"},
     {"-link", "GB/s", M_CACHE, "the slow memory tier's link, for the modelled stall time of a fast= tier; default 64 "
                                "(PCIe 5 x16)"},
-    {"-chunk", "N", M_PPL | M_PASSKEY | M_TASK, "tokens per batched step, default 1 (ppl), 32 (passkey, task); same "
-     "results"},
+    {"-chunk", "N", M_PPL | M_PASSKEY | M_TASK | M_SERVE, "tokens per batched step, default 1 (ppl), 32 (passkey, "
+     "task); same results; serve: prompt tokens a step, all sequences together, default 256"},
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
     {"-depths", "LIST", M_PASSKEY | M_TASK, "the key's (task: the asked needle's) relative depths, comma-separated in "
      "[0,1], default 0,0.25,0.5,0.75,1 (cwe has none)"},
-    {"-lengths", "LIST", M_PASSKEY | M_BENCH | M_TASK, "prompt lengths, comma-separated tokens, each <= -c (bench: with "
-     "room for -n steps; task: prompt and answer); passkey and task default -c/4,-c/2,-c, bench 128, 512, 2048, ... (x4) "
-     "and -c"},
+    {"-lengths", "LIST", M_PASSKEY | M_BENCH | M_TASK | M_SERVE, "prompt lengths, comma-separated tokens, each <= -c "
+     "(bench: with room for -n steps; task: prompt and answer); passkey and task default -c/4,-c/2,-c, bench 128, 512, "
+     "2048, ... (x4) and -c; serve: MIN,MAX document tokens of a generated request, default 256,1024"},
     {"-passkey2", "N", M_PASSKEY, "1 (default): the two-turn variant after the grid, at the longest length; 0: "
                                     "skip it"},
     {"-task", "NAME", M_TASK, "the task: niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER's needles), "
@@ -74,6 +79,20 @@ static const FlagDef FLAGS[] = {
      "question each (SCBench)"},
     {"-shared", "MODE", M_TASK, "with -questions: turns (default: one chat, each answer in the cache) or requests (each "
      "question asked of the cache as it stood after the context)"},
+    {"-trace", "FILE", M_SERVE, "requests, JSON lines: arrival, system, doc or docs, prompt or turns, n, doc_tokens "
+     "(README, Serving)"},
+    {"-sharegpt", "FILE", M_SERVE, "requests from a ShareGPT conversation file (vLLM's and SGLang's serving "
+     "benchmarks): each human turn a turn"},
+    {"-requests", "N", M_SERVE, "generated requests, default 64 (with -sharegpt: read at most N)"},
+    {"-pattern", "P", M_SERVE, "which document a generated request reads: sequential (default), random, hotspot "
+     "(Zipf, s = 1)"},
+    {"-docs", "FILE", M_SERVE, "a document of the generated trace; repeatable"},
+    {"-pool", "SIZE", M_SERVE, "the KV pool: bytes (512MiB) or P% of the trace's full-cache demand (f32), default "
+     "100%"},
+    {"-arrival", "STEPS", M_SERVE, "mean steps between arrivals (exponential, seeded), default 2 (generated), 0 "
+     "(ShareGPT: all at once); 0 = all at step 0"},
+    {"-max-seqs", "N", M_SERVE, "sequences decoded in one batch at most, default 16"},
+    {"-prefix", "0|1", M_SERVE, "prefix caching of full's prompt pages (vLLM's automatic prefix caching), default 1"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
     {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
     {"-v", NULL, M_GEN | M_CHAT | M_PPL, "each prompt's token ids, and per-layer memory and policy detail; ppl: "
@@ -227,7 +246,7 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
     if (!strcmp(a, "-m")) {
         for (int k = 0; k < N_MODES; k++) if (!strcmp(v, MODES[k])) { o->mode = MODES[k]; return 0; }
         return errorf(err, errlen, "unknown mode '-m %s'; modes: generate, chat, ppl, passkey, bench, tokenize, "
-                      "detokenize, task", v);
+                      "detokenize, task, serve", v);
     } else if (!strcmp(a, "-i")) { o->prompt = v;
     } else if (!strcmp(a, "-f")) {
         if (o->n_files == MAX_FILES) return errorf(err, errlen, "too many -f files (at most %d)", MAX_FILES);
@@ -307,6 +326,42 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
         if (strcmp(v, "turns") && strcmp(v, "requests"))
             return errorf(err, errlen, "unknown -shared '%s'; modes: turns, requests", v);
         o->shared = v;
+    } else if (!strcmp(a, "-trace")) { o->trace = v;
+    } else if (!strcmp(a, "-sharegpt")) { o->sharegpt = v;
+    } else if (!strcmp(a, "-requests")) {
+        if (parse_long(v, 1, 1 << 20, &n)) return errorf(err, errlen, "bad -requests '%s': a count in [1, %d]", v, 1 << 20);
+        o->requests = (int)n;
+    } else if (!strcmp(a, "-pattern")) {
+        if (trace_pattern_parse(v) < 0)
+            return errorf(err, errlen, "unknown -pattern '%s'; patterns: sequential, random, hotspot", v);
+        o->pattern = v;
+    } else if (!strcmp(a, "-docs")) {
+        if (o->n_docs == MAX_FILES) return errorf(err, errlen, "too many -docs files (at most %d)", MAX_FILES);
+        o->docs[o->n_docs++] = v;
+    } else if (!strcmp(a, "-pool")) {
+        size_t len = strlen(v);
+        if (len > 1 && v[len - 1] == '%') {
+            char pct[32];
+            if (len >= sizeof pct || (memcpy(pct, v, len - 1), pct[len - 1] = 0, parse_float(pct, 0, 1000, &x)) || x <= 0)
+                return errorf(err, errlen, "bad -pool '%s': a share of the trace's demand in (0%%, 1000%%]", v);
+            o->pool_frac = x / 100;
+        } else {
+            size_t bytes;
+            if (kv_parse_bytes(v, &bytes))
+                return errorf(err, errlen, "bad -pool '%s': bytes with a unit (4096B, 64KiB, 512MiB, 1GiB) or P%% of "
+                              "the trace's full-cache demand", v);
+            o->pool_bytes = bytes;
+        }
+    } else if (!strcmp(a, "-arrival")) {
+        if (parse_float(v, 0, 1e9, &x)) return errorf(err, errlen, "bad -arrival '%s': mean steps in [0, 1e9]", v);
+        o->arrival = x;
+        o->arrival_set = 1;
+    } else if (!strcmp(a, "-max-seqs")) {
+        if (parse_long(v, 1, 4096, &n)) return errorf(err, errlen, "bad -max-seqs '%s': sequences in [1, 4096]", v);
+        o->max_seqs = (int)n;
+    } else if (!strcmp(a, "-prefix")) {
+        if (strcmp(v, "0") && strcmp(v, "1")) return errorf(err, errlen, "bad -prefix '%s': 1 (prefix caching) or 0", v);
+        o->prefix = v[0] == '1';
     } else if (!strcmp(a, "-ids")) { o->print_ids = 1;
     } else if (!strcmp(a, "-bos")) { o->add_bos = 1;
     } else if (!strcmp(a, "-v")) { o->verbose = 1;
@@ -325,6 +380,8 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     o->ppl_mode = "stream";
     o->link_gbs = 64;
     o->passkey2 = 1;
+    o->max_seqs = 16;
+    o->prefix = 1;
     o->argc = argc;
     o->argv = argv;
     if (argc < 2) return errorf(err, errlen, "no model given; usage: ./run MODEL.bin [options] (-h for help)");
@@ -364,10 +421,10 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
         }
     /* conflicts inside a mode */
     int multi = !strcmp(o->mode, "ppl") || !strcmp(o->mode, "passkey") || !strcmp(o->mode, "bench") ||
-                !strcmp(o->mode, "task");
+                !strcmp(o->mode, "task") || !strcmp(o->mode, "serve");
     if (o->n_kv > 1 && !multi)
-        return errorf(err, errlen, "-kv given %d times: several policies run only in ppl, passkey, bench and task modes",
-                      o->n_kv);
+        return errorf(err, errlen, "-kv given %d times: several policies run only in ppl, passkey, bench, task and "
+                      "serve modes", o->n_kv);
     if (!strcmp(o->mode, "task") && !o->task)
         return errorf(err, errlen, "-m task needs -task NAME; tasks: %s", task_names());
     if (o->shared && !o->questions)
@@ -379,6 +436,21 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     if (o->prompt && o->n_files && !strcmp(o->mode, "tokenize"))
         return errorf(err, errlen, "give the text with -i or -f, not both");
     if (o->n_files > 1 && strcmp(o->mode, "ppl")) return errorf(err, errlen, "-f is repeatable only in ppl mode");
+    if (!strcmp(o->mode, "serve")) {   /* one source of requests */
+        int src = !!o->trace + !!o->sharegpt + (o->n_docs > 0);
+        if (src == 0) return errorf(err, errlen, "-m serve needs requests: -trace FILE, -sharegpt FILE, or -docs FILE "
+                                    "(repeatable) for a generated trace");
+        if (src > 1) return errorf(err, errlen, "-m serve takes one source of requests: -trace, -sharegpt or -docs");
+        if ((o->trace || o->sharegpt) && (o->pattern || o->n_lengths))
+            return errorf(err, errlen, "-pattern and -lengths shape a generated trace (-docs), not -%s",
+                          o->trace ? "trace" : "sharegpt");
+        if (o->trace && (o->requests || o->arrival_set))
+            return errorf(err, errlen, "-requests and -arrival shape a generated or ShareGPT trace; a -trace file "
+                          "gives its own requests and arrivals");
+        if (o->n_lengths > 2 || (o->n_lengths == 2 && o->lengths[0] > o->lengths[1]))
+            return errorf(err, errlen, "-m serve: -lengths is MIN,MAX document tokens (MIN <= MAX)");
+        if (!o->chunk) o->chunk = 256;
+    }
     if (o->tokenlog && !strcmp(o->ppl_mode, "chunked"))
         return errorf(err, errlen, "-tokenlog is for -ppl-mode stream (chunked mode scores no shadow)");
     return 0;
@@ -576,6 +648,7 @@ int cli_main(int argc, char **argv) {
     else if (!strcmp(o.mode, "bench")) rc = run_bench(&m, &o);
     else if (!strcmp(o.mode, "passkey")) rc = run_passkey(&m, &o);
     else if (!strcmp(o.mode, "task")) rc = run_task(&m, &o);
+    else if (!strcmp(o.mode, "serve")) rc = run_serve(&m, &o);
     else {
         rc = run_generate_chat(&m, &o, cuda);
     }

@@ -31,6 +31,17 @@ typedef struct {
     int items;                          /* -items: items per cell of -m task; 0: the default, 2 */
     int questions;                      /* -questions N: a shared context's questions (task.h); 0: none */
     const char *shared;                 /* -shared turns|requests; "turns" when -questions is given alone */
+    /* -m serve (serve.h) */
+    const char *trace, *sharegpt, *pattern;   /* -trace FILE, -sharegpt FILE, -pattern NAME */
+    const char *docs[MAX_FILES];              /* -docs FILE, repeatable: the generated trace's documents */
+    int n_docs;
+    int requests;                             /* -requests N: generated requests (ShareGPT: at most N); 0 default */
+    size_t pool_bytes;                        /* -pool BYTES; 0: pool_frac of the trace's full-cache demand */
+    double pool_frac;                         /* -pool P%: a share of that demand; 0: 100% */
+    double arrival;                           /* -arrival STEPS: mean steps between arrivals */
+    int arrival_set;
+    int max_seqs;                             /* -max-seqs N: sequences a step at most */
+    int prefix;                               /* -prefix 0|1: prefix caching (full) */
     const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;
     double link_gbs;     /* -link: the slow tier's bandwidth, GB/s (1e9 bytes/s) */

@@ -158,6 +158,11 @@ static int parse_budget(const char *s, int *tokens, size_t *bytes) {
     return 0;
 }
 
+int kv_parse_bytes(const char *s, size_t *bytes) {
+    int tokens;
+    return parse_budget(s, &tokens, bytes) || *bytes == 0 ? -1 : 0;
+}
+
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4, q2"
 #define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch, kgroup, kgsize, rank, " \
                     "krank, vrank, calib"

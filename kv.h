@@ -193,6 +193,8 @@ const char *kv_spec_value(const KVSpec *spec, const char *key);
 /* Checks a spec against the run mode ("generate", "chat", "ppl", "passkey", "bench"): prompt=dense needs a prompt,
  * which ppl has not; then its policy's check_mode (snapkv needs prefill=P in ppl). 0, or -1 + message. */
 int kv_spec_check_mode(const KVSpec *spec, const char *mode, char *err, size_t errlen);
+/* A size in bytes with its unit: "4096B", "512KiB", "64MiB", "1GiB" (> 0). 0, or -1. */
+int kv_parse_bytes(const char *s, size_t *bytes);
 /* Parse a storage type name; -1 if unknown. */
 int kv_type_parse(const char *s);
 

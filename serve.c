@@ -1,0 +1,552 @@
+/* serve.c: -m serve, many requests over one KV pool (pool.h). A trace of requests (trace.h) arrives on a clock of
+ * decode steps; a scheduler admits them while the pool has pages, runs every admitted sequence in one batch per step
+ * (forward_batch: the weight matmuls over all of them, attention and the policy per sequence), and when the pool runs
+ * short preempts the most recently admitted sequence, which gives its pages back and is recomputed from its tokens
+ * when pages are free again (vLLM's default, recompute). Prompts that share a prefix share its pages under `full`
+ * (automatic prefix caching: a block's pages keyed by the chain of its token ids). Each -kv spec replays the whole
+ * trace over a fresh pool of the same size.
+ *
+ * The clock: step s is one forward_batch call; a request arriving at step a joins the queue when the clock reaches a
+ * (idle stretches are skipped). Each step feeds every decoding sequence its one new token and the prefilling ones up
+ * to -chunk prompt tokens in all (chunked prefill, first come first served). Answers are greedy. A sequence's tokens
+ * are its prompt, its answers and later turns' prompts, fed in order; preemption keeps them and a restart feeds them
+ * again, which gives the same cache bit for bit (forward_batch's logits do not depend on how tokens are chunked).
+ *
+ * Figures (vLLM's definitions): time to first token from the wall time its arrival step began; time per output token
+ * over its later tokens; queueing delay from arrival to admission; prefix hit rate = prompt tokens served from cached
+ * pages / prompt tokens; occupancy = pages held by running sequences / the pool's pages, cached pages counting as free.
+ */
+#include "eval_impl.h"
+#include "pool.h"
+#include "run.h"
+#include "serve.h"
+#include "trace.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { S_QUEUED, S_RUNNING, S_DONE, S_FAILED };
+
+typedef struct {
+    const TraceReq *tr;
+    IdList ids;          /* every token of the sequence so far: prompts, answers (the last answer token unfed) */
+    int fed;             /* ids[0 .. fed) are in the cache */
+    int n_prompt;        /* tokens of the first turn's prompt */
+    int turn, out_turn;  /* the turn being answered, tokens generated for it */
+    int answering;       /* 1: the last fed token's logits give the next answer token */
+    int stop;            /* the chat format's end-of-turn id, or -1 */
+    int state, admitted_order;
+    KVCache cache;
+    int has_cache;
+    int hit_tokens;      /* prompt tokens served from cached pages (first admission) */
+    int published;       /* blocks of the first prompt published to the prefix cache */
+    int preemptions;
+    int cut;             /* 1: ended before its last turn, which did not fit the cache (-c) */
+    IdList out;          /* generated tokens, every turn */
+    long arrive_step;
+    double t_arrive, t_admit, t_first, t_last;
+} Seq;
+
+typedef struct {
+    const Model *m;
+    const Options *o;
+    const char *spec;
+    KVPool pool;
+    int n_lanes, prefix, max_seqs, chunk, order;
+    uint64_t salt;       /* the spec's text hashed: prefix keys of different specs never meet */
+} Server;
+
+/* The first turn's prompt: the chat template around system, the documents (each cut to doc_tokens tokens, decoded back
+ * to text) and the question; without a template, BOS per the model and the text. */
+static void first_prompt(Seq *q, const Model *m, const Options *o) {
+    const TraceReq *r = q->tr;
+    Str user = {0};
+    str_add(&user, "");
+    for (int d = 0; d < r->n_docs; d++) {
+        if (r->doc_tokens > 0) {
+            int *t;
+            size_t nt;
+            char err[256], buf[TOKDEC_OUT_MAX];
+            if (tokenizer_encode(&m->tokenizer, (const unsigned char *)r->docs[d], strlen(r->docs[d]), 0, &t, &nt,
+                                 err, sizeof err))
+                fatal("serve: request %d: tokenizer: %s", r->id, err);
+            TokenDecoder dec;
+            tokdec_init(&dec, &m->tokenizer);
+            for (size_t i = 0; i < nt && i < (size_t)r->doc_tokens; i++) {
+                size_t k = tokdec_push(&dec, t[i], buf, sizeof buf - 1);
+                buf[k] = 0;
+                str_add(&user, buf);
+            }
+            size_t k = tokdec_flush(&dec, buf, sizeof buf - 1);
+            buf[k] = 0;
+            str_add(&user, buf);
+            free(t);
+        } else str_add(&user, r->docs[d]);
+        str_add(&user, "\n\n");
+    }
+    if (r->n_turns) str_add(&user, r->turns[0]);
+    Line text = {0};
+    int bos, special = 1;
+    const char *system = r->system ? r->system : o->system;
+    if (chat_prompt_text(&text, &bos, &q->stop, m, system, user.s, 1)) {
+        special = 0;
+        q->stop = -1;
+        bos = m->tokenizer.add_bos;
+        line_printf(&text, "%s%s%s", system ? system : "", system ? "\n\n" : "", user.s);
+    }
+    int *t;
+    size_t nt;
+    char err[256];
+    int rc = special ? tokenizer_encode_special(&m->tokenizer, (const unsigned char *)text.s, text.n, bos, &t, &nt,
+                                                err, sizeof err)
+                     : tokenizer_encode(&m->tokenizer, (const unsigned char *)text.s, text.n, bos, &t, &nt, err,
+                                        sizeof err);
+    if (rc) fatal("serve: request %d: tokenizer: %s", r->id, err);
+    for (size_t i = 0; i < nt; i++) ids_push(&q->ids, t[i]);
+    q->n_prompt = (int)nt;
+    free(t);
+    line_free(&text);
+    free(user.s);
+}
+
+/* A later turn's prompt appended (the assistant's answer closed as chat does). */
+static void next_turn(Seq *q, const Model *m) {
+    Line text = {0};
+    int bos, stop, *t;
+    size_t nt;
+    char err[256];
+    if (chat_prompt_text(&text, &bos, &stop, m, NULL, q->tr->turns[q->turn], 0)) {
+        line_printf(&text, "\n\n%s", q->tr->turns[q->turn]);
+        if (tokenizer_encode(&m->tokenizer, (const unsigned char *)text.s, text.n, 0, &t, &nt, err, sizeof err))
+            fatal("serve: tokenizer: %s", err);
+    } else if (tokenizer_encode_special(&m->tokenizer, (const unsigned char *)text.s, text.n, 0, &t, &nt, err,
+                                        sizeof err))
+        fatal("serve: tokenizer: %s", err);
+    for (size_t i = 0; i < nt; i++) ids_push(&q->ids, t[i]);
+    free(t);
+    line_free(&text);
+}
+
+/* The key of lane's page for block j of ids, chained: chain[j] = kv_pool_chain(chain[j-1], block j, salt). */
+static uint64_t lane_key(uint64_t block_key, int lane) { return kv_pool_chain(block_key, NULL, 0, (uint64_t)lane + 1); }
+
+static int cache_make(Server *sv, Seq *q) {
+    char err[512];
+    KVShape shape = model_kv_shape(sv->m, sv->o->ctx);
+    KVSpec spec;
+    if (kv_spec_parse(&spec, sv->spec, sv->o->kvt, err, sizeof err)
+        || kv_cache_init_pool(&q->cache, &shape, &spec, &sv->pool, err, sizeof err))
+        fatal("serve: -kv %s: %s", sv->spec, err);
+    kv_set_prompt_len(&q->cache, q->n_prompt);
+    q->has_cache = 1;
+    return 0;
+}
+
+/* Prefix caching at admission (full only, a first admission): the longest run of the prompt's whole blocks, the last
+ * token excluded (its logits must be computed), whose pages every lane finds; they are adopted. Returns tokens hit. */
+static int prefix_adopt(Server *sv, Seq *q) {
+    int P = kv_page_slots(&q->cache), n_blocks = (q->n_prompt - 1) / P, hit = 0;
+    if (!sv->prefix || n_blocks <= 0) return 0;
+    int *pages = malloc((size_t)n_blocks * sv->n_lanes * sizeof(int));
+    if (!pages) fatal("out of memory");
+    uint64_t key = sv->salt;
+    for (int j = 0; j < n_blocks; j++) {
+        key = kv_pool_chain(key, q->ids.ids + (size_t)j * P, P, sv->salt);
+        int all = 1;
+        for (int i = 0; i < sv->n_lanes && all; i++) {
+            int id = kv_pool_lookup(&sv->pool, lane_key(key, i));
+            all = id >= 0;
+            pages[(size_t)j * sv->n_lanes + i] = id;
+        }
+        if (!all) break;
+        hit = j + 1;
+    }
+    if (hit) {
+        for (size_t e = 0; e < (size_t)hit * sv->n_lanes; e++) kv_pool_ref(&sv->pool, pages[e]);
+        char err[256];
+        if (kv_cache_adopt_prefix(&q->cache, pages, hit, err, sizeof err)) fatal("serve: %s", err);
+        q->fed = hit * P;
+        q->published = hit;
+    }
+    free(pages);
+    return hit * P;
+}
+
+/* After a step: publish the prompt's blocks the sequence has now fed whole (full only). */
+static void prefix_publish(Server *sv, Seq *q) {
+    int P = kv_page_slots(&q->cache), whole = (q->n_prompt - 1) / P;
+    if (!sv->prefix) return;
+    uint64_t key = sv->salt;
+    for (int j = 0; j < q->published; j++) key = kv_pool_chain(key, q->ids.ids + (size_t)j * P, P, sv->salt);
+    while (q->published < whole && q->fed >= (q->published + 1) * P) {
+        int j = q->published;
+        key = kv_pool_chain(key, q->ids.ids + (size_t)j * P, P, sv->salt);
+        for (int i = 0; i < sv->n_lanes; i++) kv_pool_publish(&sv->pool, kv_lane_page_id(&q->cache, i, j), lane_key(key, i));
+        q->published++;
+    }
+}
+
+static void seq_release(Seq *q) {
+    if (q->has_cache) kv_cache_free(&q->cache);
+    q->has_cache = 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+/* The p-th percentile (0..100) of n values, nearest rank; NaN for none. Sorts v. */
+static double percentile(double *v, int n, double p) {
+    if (n == 0) return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int k = (int)ceil(p / 100.0 * n) - 1;
+    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+/* The trace, replayed once under spec. Returns 0, or 128 + signal when stopped (what ran is reported). */
+static int serve_one(const Model *m, const Options *o, const Trace *t, const char *spec_text, size_t pool_bytes,
+                     OutFile *out, const Provenance *pv) {
+    Server sv = {m, o, spec_text, {0}, m->config.n_layers * m->config.n_kv_heads, 0, o->max_seqs, o->chunk, 0, 0};
+    char err[512];
+    KVShape shape = model_kv_shape(m, o->ctx);
+    KVSpec spec;
+    if (kv_spec_parse(&spec, spec_text, o->kvt, err, sizeof err)) fatal("serve: -kv: %s", err);
+    if (kv_spec_check_mode(&spec, "serve", err, sizeof err)) fatal("serve: -kv: %s", err);
+    size_t page_bytes = (size_t)KV_POOL_PAGE_SLOTS * (kv_vector_bytes(spec.ktype, shape.head_dim)
+                                                      + kv_vector_bytes(spec.vtype, shape.head_dim));
+    if (kv_pool_init(&sv.pool, pool_bytes, page_bytes, err, sizeof err)) fatal("serve: -pool: %s", err);
+    sv.prefix = o->prefix && !strcmp(spec.name, "full");
+    for (const char *c = spec_text; *c; c++) sv.salt = kv_mix64(sv.salt ^ (uint8_t)*c) + 0x9E3779B97F4A7C15ull;
+    int N = t->n, V = m->config.vocab_size;
+    Seq *q = calloc((size_t)N, sizeof(Seq));
+    int *running = malloc((size_t)N * sizeof(int)), *waiting = malloc((size_t)N * sizeof(int));
+    RunState s;
+    if (!q || !running || !waiting || state_init_chunk(&s, &m->config, sv.max_seqs + sv.chunk)) fatal("out of memory");
+    BatchSeq *batch = malloc((size_t)sv.max_seqs * sizeof(BatchSeq));
+    int *tokens = malloc((size_t)(sv.max_seqs + sv.chunk) * sizeof(int)), *bi = malloc((size_t)sv.max_seqs * sizeof(int));
+    if (!batch || !tokens || !bi) fatal("out of memory");
+    for (int i = 0; i < N; i++) { q[i].tr = &t->req[i]; q[i].state = -1; }
+    int n_run = 0, n_wait = 0, next_arrival = 0, n_done = 0, preemptions = 0;
+    long step = 0, prompt_tokens = 0, hit_tokens = 0, out_tokens = 0, fed_tokens = 0, steps_run = 0;
+    double occ_sum = 0, occ_peak = 0, mb_tok_sum = 0;
+    long occ_at[4] = {0};   /* steps with occupancy >= 80, 90, 95, 99% */
+    static const double levels[4] = {0.80, 0.90, 0.95, 0.99};
+    Line occ = {0};
+    line_printf(&occ, "%s", "");
+    double t0 = now_s();
+    long total_out = 0;
+    for (int i = 0; i < N; i++) total_out += (long)t->req[i].n_gen * (t->req[i].n_turns ? t->req[i].n_turns : 1);
+    int rc = 0;
+    while (n_done < N) {
+        if (run_signal) { rc = 128 + run_signal; break; }
+        double now = now_s();
+        if (n_run == 0 && n_wait == 0 && next_arrival < N && t->req[next_arrival].arrival > step)
+            step = t->req[next_arrival].arrival;   /* idle: the clock skips to the next arrival */
+        while (next_arrival < N && t->req[next_arrival].arrival <= step) {
+            Seq *r = &q[next_arrival];
+            r->state = S_QUEUED;
+            r->arrive_step = step;
+            r->t_arrive = now;
+            first_prompt(r, m, o);
+            prompt_tokens += r->n_prompt;
+            waiting[n_wait++] = next_arrival++;
+        }
+        /* pages the running sequences' next step may take */
+        int reserve = 0;
+        for (int k = 0; k < n_run; k++) {
+            Seq *r = &q[running[k]];
+            reserve += kv_pages_needed(&r->cache, (int)r->ids.n - r->fed < sv.chunk ? (int)r->ids.n - r->fed : sv.chunk);
+        }
+        /* admission, first come first served: the queue's head while its pending tokens' pages are there */
+        while (n_wait > 0 && n_run < sv.max_seqs) {
+            Seq *r = &q[waiting[0]];
+            if (!r->has_cache) cache_make(&sv, r);
+            int first = r->admitted_order == 0 && r->preemptions == 0;
+            int pending = (int)r->ids.n - r->fed;
+            if (r->ids.n > (size_t)kv_capacity(&r->cache)) {
+                fprintf(stderr, "serve: request %d needs %zu tokens, over the %d its cache holds under '%s' (-c): "
+                        "failed\n", r->tr->id, r->ids.n, kv_capacity(&r->cache), spec_text);
+                r->state = S_FAILED;
+                seq_release(r);
+                memmove(waiting, waiting + 1, (size_t)--n_wait * sizeof(int));
+                n_done++;
+                continue;
+            }
+            int need = kv_pages_needed(&r->cache, pending);
+            int avail = kv_pool_n_free(&sv.pool) + kv_pool_n_cached(&sv.pool);
+            if (need + reserve > avail && n_run > 0) break;
+            if (need > sv.pool.n_pages) {
+                fprintf(stderr, "serve: request %d needs %d pages, over the pool's %d under '%s': failed\n",
+                        r->tr->id, need, sv.pool.n_pages, spec_text);
+                r->state = S_FAILED;
+                seq_release(r);
+                memmove(waiting, waiting + 1, (size_t)--n_wait * sizeof(int));
+                n_done++;
+                continue;
+            }
+            if (need > avail) break;   /* alone and waiting for cached pages: none, so it waits for nothing */
+            if (first) {
+                int hit = prefix_adopt(&sv, r);
+                r->hit_tokens = hit;
+                hit_tokens += hit;
+                r->t_admit = now;
+            }
+            r->state = S_RUNNING;
+            r->admitted_order = ++sv.order;
+            reserve += kv_pages_needed(&r->cache, (int)r->ids.n - r->fed < sv.chunk ? (int)r->ids.n - r->fed : sv.chunk);
+            running[n_run++] = waiting[0];
+            memmove(waiting, waiting + 1, (size_t)--n_wait * sizeof(int));
+        }
+        if (n_run == 0) {
+            if (n_wait > 0) { step++; continue; }   /* nothing fits yet (cannot happen with an empty pool) */
+            continue;
+        }
+        /* the batch: decode tokens first, then prompt tokens up to -chunk, oldest admission first */
+        int budget = sv.chunk, n_tok = 0, nb = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int k = 0; k < n_run; k++) {
+                Seq *r = &q[running[k]];
+                int pending = (int)r->ids.n - r->fed;
+                if ((pass == 0) != (pending == 1)) continue;
+                int n = pass == 0 ? 1 : pending < budget ? pending : budget;
+                if (n <= 0) continue;
+                if (pass == 1) budget -= n;
+                bi[nb] = running[k];
+                batch[nb++] = (BatchSeq){&r->cache, r->fed, n, NULL, NULL};
+                for (int e = 0; e < n; e++) tokens[n_tok++] = r->ids.ids[r->fed + e];
+            }
+        /* preemption: while the step's pages are not there, the latest admitted sequence gives its pages back */
+        for (;;) {
+            int need = 0;
+            for (int b = 0; b < nb; b++) need += kv_pages_needed(batch[b].cache, batch[b].n);
+            if (need <= kv_pool_n_free(&sv.pool) + kv_pool_n_cached(&sv.pool)) break;
+            if (n_run == 1) {   /* alone and still short: the request is larger than the pool */
+                Seq *r = &q[running[0]];
+                fprintf(stderr, "serve: request %d needs more pages than the pool's %d under '%s': failed\n",
+                        r->tr->id, sv.pool.n_pages, spec_text);
+                seq_release(r);
+                r->state = S_FAILED;
+                n_done++;
+                n_run = 0;
+                nb = 0;
+                break;
+            }
+            int victim = 0;
+            for (int k = 1; k < n_run; k++)
+                if (q[running[k]].admitted_order > q[running[victim]].admitted_order) victim = k;
+            Seq *r = &q[running[victim]];
+            seq_release(r);
+            r->fed = 0;
+            r->published = 0;
+            r->preemptions++;
+            r->state = S_QUEUED;
+            preemptions++;
+            memmove(waiting + 1, waiting, (size_t)n_wait * sizeof(int));
+            waiting[0] = running[victim];
+            n_wait++;
+            running[victim] = running[--n_run];
+            int w = 0;   /* drop it from the batch, rebuilding the token list */
+            n_tok = 0;
+            for (int b = 0; b < nb; b++) {
+                if (batch[b].cache == &r->cache) continue;
+                bi[w] = bi[b];
+                batch[w] = batch[b];
+                for (int e = 0; e < batch[w].n; e++) tokens[n_tok++] = q[bi[w]].ids.ids[batch[w].pos0 + e];
+                w++;
+            }
+            nb = w;
+        }
+        if (nb == 0) { step++; continue; }
+        if (forward_batch((Model *)m, &s, batch, nb, tokens)) {
+            Seq *r = &q[bi[0]];
+            fatal("serve: step %ld: a sequence's cache could not take its tokens (request %d, '%s', %d pages free): "
+                  "a scheduler bug", step, r->tr->id, spec_text, kv_pool_n_free(&sv.pool));
+        }
+        steps_run++;
+        fed_tokens += n_tok;
+        double t_step = now_s();
+        for (int b = 0, row = 0; b < nb; row += batch[b].n, b++) {
+            Seq *r = &q[bi[b]];
+            r->fed += batch[b].n;
+            prefix_publish(&sv, r);
+            if (r->fed < (int)r->ids.n) continue;   /* still prefilling */
+            const float *lg = s.logits + (size_t)(row + batch[b].n - 1) * V;
+            int next = sample_argmax(lg, V);
+            int stop = next == r->stop || tokenizer_is_eog(&m->tokenizer, next);
+            if (r->out.n == 0) r->t_first = t_step;
+            r->t_last = t_step;
+            if (!stop) { ids_push(&r->out, next); r->out_turn++; out_tokens++; }
+            int turn_done = stop || r->out_turn >= r->tr->n_gen || (int)r->ids.n + 1 >= kv_capacity(&r->cache);
+            if (!turn_done) { ids_push(&r->ids, next); continue; }
+            if (r->turn + 1 < r->tr->n_turns) {   /* the next turn: the answer's last token, then its prompt */
+                if (!stop) ids_push(&r->ids, next);
+                r->turn++;
+                r->out_turn = 0;
+                next_turn(r, m);
+                if ((long)r->ids.n < (long)kv_capacity(&r->cache)) continue;
+                r->cut = 1;   /* the next turn does not fit -c: the request ends here */
+            }
+            r->state = S_DONE;
+            n_done++;
+        }
+        /* finished sequences leave; occupancy is measured on the step's peak, before they give their pages back */
+        int held = kv_pool_n_held(&sv.pool);
+        long ctx_tokens = 0;
+        for (int k = 0; k < n_run; k++) ctx_tokens += q[running[k]].fed;
+        double occu = (double)held / sv.pool.n_pages;
+        occ_sum += occu;
+        if (occu > occ_peak) occ_peak = occu;
+        for (int e = 0; e < 4; e++) occ_at[e] += occu >= levels[e];
+        if (ctx_tokens) mb_tok_sum += (double)held * sv.pool.page_bytes / ctx_tokens / 1e6;
+        line_printf(&occ, "%s%.4f", steps_run > 1 ? "," : "", occu);
+        for (int k = 0; k < n_run;)
+            if (q[running[k]].state == S_DONE) { seq_release(&q[running[k]]); running[k] = running[--n_run]; }
+            else k++;
+        if (kv_pool_check(&sv.pool, err, sizeof err)) fatal("serve: the pool's invariants broke at step %ld: %s", step, err);
+        long held_by_seqs = 0, refs = 0;   /* every reference to a page is a running sequence's lane's */
+        for (int k = 0; k < n_run; k++) held_by_seqs += kv_pages_held(&q[running[k]].cache);
+        for (int k = 0; k < n_wait; k++) held_by_seqs += q[waiting[k]].has_cache ? kv_pages_held(&q[waiting[k]].cache) : 0;
+        for (int p = 0; p < sv.pool.n_pages; p++) refs += sv.pool.ref[p];
+        if (held_by_seqs != refs)
+            fatal("serve: step %ld: the sequences' lanes hold %ld page references, the pool counts %ld", step,
+                  held_by_seqs, refs);
+        step++;
+        char what[96];
+        snprintf(what, sizeof what, "serve %s: %d/%d requests,", spec_text, n_done, N);
+        progress(t0, out_tokens, total_out, what);
+    }
+    double wall = now_s() - t0;
+    for (int k = 0; k < n_run; k++) seq_release(&q[running[k]]);
+    for (int k = 0; k < n_wait; k++) seq_release(&q[waiting[k]]);
+    int leaked = kv_pool_n_held(&sv.pool);
+    if (rc == 0 && leaked) fatal("serve: %d pages still held after every request ended", leaked);
+    /* per request, then the run */
+    double *ttft = malloc((size_t)N * sizeof(double)), *tpot = malloc((size_t)N * sizeof(double)),
+           *queue = malloc((size_t)N * sizeof(double));
+    int n_ttft = 0, n_tpot = 0, n_failed = 0, n_finished = 0;
+    Line ln = {0};
+    for (int i = 0; i < N; i++) {
+        Seq *r = &q[i];
+        n_failed += r->state == S_FAILED;
+        if (r->state != S_DONE) continue;
+        n_finished++;
+        double tt = r->t_first - r->t_arrive, tp = r->out.n > 1 ? (r->t_last - r->t_first) / (r->out.n - 1) : NAN;
+        ttft[n_ttft++] = tt;
+        queue[n_ttft - 1] = r->t_admit - r->t_arrive;
+        if (r->out.n > 1) tpot[n_tpot++] = tp;
+        if (out->fd < 0) continue;
+        ln.n = 0;
+        line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"request\",\"kv\":\"");
+        line_json_str(&ln, spec_text);
+        line_printf(&ln, "\",\"id\":%d,\"arrival\":%ld,\"prompt_tokens\":%d,\"hit_tokens\":%d,\"out_tokens\":%zu,"
+                    "\"turns\":%d,\"cut\":%s,\"preemptions\":%d,\"queue_s\":%.6f,\"ttft_s\":%.6f,\"tpot_ms\":%.4f,\"ids\":[",
+                    r->tr->id, r->tr->arrival, r->n_prompt, r->hit_tokens, r->out.n, r->tr->n_turns, r->cut ? "true" : "false",
+                    r->preemptions,
+                    r->t_admit - r->t_arrive, tt, r->out.n > 1 ? tp * 1e3 : 0.0);
+        for (size_t e = 0; e < r->out.n; e++) line_printf(&ln, "%s%d", e ? "," : "", r->out.ids[e]);
+        line_printf(&ln, "],");
+        json_provenance_end(&ln, pv);
+        outfile_line(out, &ln);
+    }
+    double ttft50 = percentile(ttft, n_ttft, 50), ttft95 = percentile(ttft, n_ttft, 95);
+    double tpot50 = percentile(tpot, n_tpot, 50) * 1e3, tpot95 = percentile(tpot, n_tpot, 95) * 1e3;
+    double q95 = percentile(queue, n_ttft, 95);
+    double hit = prompt_tokens ? (double)hit_tokens / prompt_tokens : 0;
+    double occ_mean = steps_run ? occ_sum / steps_run : 0, mbt = steps_run ? mb_tok_sum / steps_run : 0;
+    fprintf(stderr, "%-28s %5d %4d %5d %6.3f %8.3f %8.3f %8.2f %8.2f %8.3f %8.1f %6.3f %6.3f %5.1f%% %5.1f%% %5.1f%% "
+            "%5.1f%% %7.4f %7.1f\n", spec_text, n_finished, n_failed, preemptions, hit, ttft50, ttft95, tpot50, tpot95,
+            q95, out_tokens / wall, occ_mean, occ_peak, 100.0 * occ_at[0] / (steps_run ? steps_run : 1),
+            100.0 * occ_at[1] / (steps_run ? steps_run : 1), 100.0 * occ_at[2] / (steps_run ? steps_run : 1),
+            100.0 * occ_at[3] / (steps_run ? steps_run : 1), mbt, wall);
+    if (out->fd >= 0) {
+        ln.n = 0;
+        line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"run\",\"kv\":\"");
+        line_json_str(&ln, spec_text);
+        line_printf(&ln, "\",\"requests\":%d,\"finished\":%d,\"failed\":%d,%s\"pool_bytes\":%zu,\"page_bytes\":%zu,"
+                    "\"pages\":%d,\"steps\":%ld,\"preemptions\":%d,\"prompt_tokens\":%ld,\"hit_tokens\":%ld,"
+                    "\"hit_rate\":%.6f,\"fed_tokens\":%ld,\"out_tokens\":%ld,\"wall_s\":%.3f,\"throughput_tok_s\":%.3f,"
+                    "\"ttft_p50_s\":%.6f,\"ttft_p95_s\":%.6f,\"tpot_p50_ms\":%.4f,\"tpot_p95_ms\":%.4f,"
+                    "\"queue_p95_s\":%.6f,\"occupancy_mean\":%.4f,\"occupancy_peak\":%.4f,\"steps_at_80\":%ld,"
+                    "\"steps_at_90\":%ld,\"steps_at_95\":%ld,\"steps_at_99\":%ld,\"mb_per_token\":%.6f,"
+                    "\"occupancy\":[%s],", N, n_finished, n_failed, rc ? "\"partial\":true," : "", pool_bytes,
+                    sv.pool.page_bytes, sv.pool.n_pages, steps_run, preemptions, prompt_tokens, hit_tokens, hit,
+                    fed_tokens, out_tokens, wall, out_tokens / wall, n_ttft ? ttft50 : 0, n_ttft ? ttft95 : 0,
+                    n_tpot ? tpot50 : 0, n_tpot ? tpot95 : 0, n_ttft ? q95 : 0, occ_mean, occ_peak, occ_at[0],
+                    occ_at[1], occ_at[2], occ_at[3], mbt, occ.s);
+        json_provenance_end(&ln, pv);
+        outfile_line(out, &ln);
+    }
+    line_free(&ln);
+    line_free(&occ);
+    free(ttft); free(tpot); free(queue);
+    for (int i = 0; i < N; i++) { free(q[i].ids.ids); free(q[i].out.ids); }
+    free(q); free(running); free(waiting); free(batch); free(tokens); free(bi);
+    state_free(&s);
+    kv_pool_free(&sv.pool);
+    return rc;
+}
+
+int run_serve(Model *m, const Options *opt) {
+    Options oc = *opt, *o = &oc;   /* -c defaults to the trained context, at most 2048 tokens */
+    if (!o->ctx) o->ctx = m->config.seq_len < 2048 ? m->config.seq_len : 2048;
+    if (!m->has_tokenizer) fatal("-m serve needs a model with a tokenizer (its requests are text)");
+    Trace t;
+    char err[512];
+    int n_gen = o->steps_set ? o->steps : 32;
+    if (n_gen < 1) fatal("-m serve: -n is the tokens each turn generates, at least 1");
+    if (o->trace && trace_load(&t, o->trace, n_gen, err, sizeof err)) fatal("%s", err);
+    if (o->sharegpt && trace_load_sharegpt(&t, o->sharegpt, n_gen, o->requests, err, sizeof err)) fatal("%s", err);
+    uint64_t seed = o->seed_set ? o->seed : 1;
+    if (o->sharegpt && o->arrival > 0 && trace_assign_arrivals(&t, o->arrival, seed, err, sizeof err)) fatal("%s", err);
+    if (!o->trace && !o->sharegpt) {
+        int lo = o->n_lengths ? o->lengths[0] : 256, hi = o->n_lengths > 1 ? o->lengths[1] : o->n_lengths ? lo : 1024;
+        if (trace_generate(&t, o->requests ? o->requests : 64, o->pattern ? o->pattern : "sequential",
+                           (char **)o->docs, o->n_docs, seed, lo, hi, o->arrival_set ? o->arrival : 2, n_gen, err,
+                           sizeof err))
+            fatal("serve: %s", err);
+    }
+    char desc[512];
+    trace_describe(&t, desc, sizeof desc);
+    /* the trace's full-cache demand: every request's tokens (prompt estimate: its text's bytes / 4 plus documents'
+       doc_tokens; answers n_gen per turn) in f32 pages, all resident at once */
+    KVShape shape = model_kv_shape(m, o->ctx);
+    size_t page_f32 = (size_t)KV_POOL_PAGE_SLOTS * 2 * kv_vector_bytes(KV_F32, shape.head_dim);
+    size_t n_lanes = (size_t)m->config.n_layers * m->config.n_kv_heads;
+    double demand = 0;
+    for (int i = 0; i < t.n; i++) {
+        const TraceReq *r = &t.req[i];
+        size_t bytes = (r->system ? strlen(r->system) : 0);
+        for (int k = 0; k < r->n_turns; k++) bytes += strlen(r->turns[k]);
+        long tok = (long)(bytes / 4) + 16;
+        for (int d = 0; d < r->n_docs; d++) tok += r->doc_tokens > 0 ? r->doc_tokens : (long)(strlen(r->docs[d]) / 4);
+        tok += (long)r->n_gen * (r->n_turns ? r->n_turns : 1);
+        if (tok > o->ctx) tok = o->ctx;
+        demand += (double)kv_pool_pages_for((int)tok, KV_POOL_PAGE_SLOTS) * n_lanes * page_f32;
+    }
+    size_t pool_bytes = o->pool_bytes ? o->pool_bytes : (size_t)(demand * (o->pool_frac > 0 ? o->pool_frac : 1.0));
+    run_job_start();
+    fprintf(stderr, "serve: %s; pool %.1f MiB (%.0f%% of the trace's full-cache demand, %.1f MiB in f32 pages); at most "
+            "%d sequences a step, %d prompt tokens a step; prefix caching %s; %d thread%s\n", desc,
+            pool_bytes / 1048576.0, 100.0 * pool_bytes / demand, demand / 1048576.0, o->max_seqs, o->chunk,
+            o->prefix ? "on (full)" : "off", run_threads(), run_threads() == 1 ? "" : "s");
+    Sha256 text_sha;
+    sha_init(&text_sha);
+    for (int d = 0; d < t.n_doc; d++) sha_update(&text_sha, t.doc[d].text, t.doc[d].bytes);
+    Provenance pv;
+    provenance_init(&pv, m, o, &text_sha);
+    OutFile out;
+    outfile_open(&out, "-o", o->out, 1);
+    fprintf(stderr, "\n%-28s %5s %4s %5s %6s %8s %8s %8s %8s %8s %8s %6s %6s %6s %6s %6s %6s %7s %7s\n", "policy", "done",
+            "fail", "preem", "hit", "TTFT50 s", "TTFT95 s", "TPOT50ms", "TPOT95ms", "queue95s", "tok/s", "occ", "peak",
+            ">=80%", ">=90%", ">=95%", ">=99%", "MB/tok", "wall s");
+    int rc = 0;
+    const char *def = "full";
+    int n_kv = o->n_kv ? o->n_kv : 1;
+    for (int k = 0; k < n_kv && !rc; k++) rc = serve_one(m, o, &t, o->n_kv ? o->kv[k] : def, pool_bytes, &out, &pv);
+    if (rc) fprintf(stderr, "serve: stopped by %s: the table holds what ran\n", run_signal_name(rc - 128));
+    outfile_close(&out);
+    line_free(&pv.cmdline);
+    trace_free(&t);
+    return rc;
+}

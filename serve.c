@@ -508,22 +508,29 @@ int run_serve(Model *m, const Options *opt) {
     }
     char desc[512];
     trace_describe(&t, desc, sizeof desc);
-    /* the trace's full-cache demand: every request's tokens (prompt estimate: its text's bytes / 4 plus documents'
-       doc_tokens; answers n_gen per turn) in f32 pages, all resident at once */
+    /* the trace's full-cache demand: what the -max-seqs largest requests hold at once under full in f32 pages, each
+       request's tokens its first prompt's (tokenized here as serving will) plus n_gen per turn and later turns' text
+       (bytes / 4 tokens, plus 16 for the template), at most -c: the most one batch holds, so that at 100% a pool of
+       single-turn requests never runs short */
     KVShape shape = model_kv_shape(m, o->ctx);
     size_t page_f32 = (size_t)KV_POOL_PAGE_SLOTS * 2 * kv_vector_bytes(KV_F32, shape.head_dim);
     size_t n_lanes = (size_t)m->config.n_layers * m->config.n_kv_heads;
-    double demand = 0;
+    double demand = 0, *need = malloc((size_t)t.n * sizeof(double));
+    if (!need) fatal("out of memory");
     for (int i = 0; i < t.n; i++) {
         const TraceReq *r = &t.req[i];
-        size_t bytes = (r->system ? strlen(r->system) : 0);
-        for (int k = 0; k < r->n_turns; k++) bytes += strlen(r->turns[k]);
-        long tok = (long)(bytes / 4) + 16;
-        for (int d = 0; d < r->n_docs; d++) tok += r->doc_tokens > 0 ? r->doc_tokens : (long)(strlen(r->docs[d]) / 4);
+        Seq probe = {.tr = r};
+        first_prompt(&probe, m, o);
+        long tok = probe.n_prompt;
+        free(probe.ids.ids);
+        for (int k = 1; k < r->n_turns; k++) tok += (long)(strlen(r->turns[k]) / 4) + 16;
         tok += (long)r->n_gen * (r->n_turns ? r->n_turns : 1);
         if (tok > o->ctx) tok = o->ctx;
-        demand += (double)kv_pool_pages_for((int)tok, KV_POOL_PAGE_SLOTS) * n_lanes * page_f32;
+        need[i] = (double)kv_pool_pages_for((int)tok, KV_POOL_PAGE_SLOTS) * n_lanes * page_f32;
     }
+    qsort(need, (size_t)t.n, sizeof *need, cmp_double);
+    for (int i = t.n - 1; i >= 0 && i >= t.n - o->max_seqs; i--) demand += need[i];
+    free(need);
     size_t pool_bytes = o->pool_bytes ? o->pool_bytes : (size_t)(demand * (o->pool_frac > 0 ? o->pool_frac : 1.0));
     run_job_start();
     fprintf(stderr, "serve: %s; pool %.1f MiB (%.0f%% of the trace's full-cache demand, %.1f MiB in f32 pages); at most "
@@ -535,8 +542,8 @@ int run_serve(Model *m, const Options *opt) {
     for (int d = 0; d < t.n_doc; d++) sha_update(&text_sha, t.doc[d].text, t.doc[d].bytes);
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
-    OutFile out;
-    outfile_open(&out, "-o", o->out, 1);
+    OutFile out = OUTFILE_NONE;
+    if (o->out) outfile_open(&out, "-o", o->out, 1);
     fprintf(stderr, "\n%-28s %5s %4s %5s %6s %8s %8s %8s %8s %8s %8s %6s %6s %6s %6s %6s %6s %7s %7s\n", "policy", "done",
             "fail", "preem", "hit", "TTFT50 s", "TTFT95 s", "TPOT50ms", "TPOT95ms", "queue95s", "tok/s", "occ", "peak",
             ">=80%", ">=90%", ">=95%", ">=99%", "MB/tok", "wall s");

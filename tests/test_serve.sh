@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# -m serve on SmolLM2 (serve.c; the pool alone is tests/test_pool.c, pool caches against single-run caches
+# tests/test_kv_pool.c):
+#  - outputs do not depend on the schedule: each request's greedy ids are the same with -max-seqs 1 (every request
+#    alone in its cache), -max-seqs 16 (batched), -prefix 0 (no prefix caching) and a pool of 15% of the demand (with
+#    preemptions, which must happen), for full and sink in q8;
+#  - prefix caching on a scripted trace: three identical prompts arriving one after another, so the 2nd and 3rd find
+#    the 1st's pages: hit rate = 2 * 16 * floor((n - 1) / 16) / (3 n) for a prompt of n tokens, by hand from the
+#    records' prompt_tokens; the hit tokens per request are 0, then that block count; the ids equal -prefix 0's;
+#  - a soak: 1,000 generated requests (random pattern, 1 to 16 document tokens, 1 token each) through a pool of 10%
+#    with -max-seqs 32: every request finishes, no failure; serve checks the pool's invariants after every step
+#    (kv_pool_check, the lanes' page references = the pool's) and that no page is held at the end, and exits with an
+#    error otherwise. Under KVLAB_SANITIZE (ASan + UBSan) 150 requests;
+#  - bad input: no source of requests, two sources, -pattern with -trace, a bad -pool, a bad trace line, a spec the
+#    pool cannot page: one error line and a non-zero exit.
+# SKIPs without models/smollm2-135m-instruct.bin.
+set -u
+cd "$(dirname "$0")/.."
+RUN=${KVLAB_RUN:-./run}
+M=models/smollm2-135m-instruct.bin
+tmp=tests/tmp/serve; rm -rf "$tmp"; mkdir -p "$tmp"
+if [ ! -f "$M" ]; then echo "SKIP serve on SmolLM2: $M missing (make model)"; exit 0; fi
+command -v python3 >/dev/null || { echo "FAIL serve: python3 is needed to read the records"; exit 0; }
+L=/usr/share/common-licenses
+DOCS="-docs $L/GPL-3 -docs $L/Apache-2.0 -docs $L/Artistic -docs $L/BSD"
+pass() { echo "PASS $*"; }
+fail() { echo "FAIL $*"; }
+
+if [ -z "${KVLAB_SANITIZE:-}" ]; then
+    A="$DOCS -requests 10 -lengths 64,200 -n 48 -pattern hotspot -arrival 1 -kv full -kv sink:32,type=q8"
+    i=0
+    for cfg in "-max-seqs 16" "-max-seqs 1" "-prefix 0" "-pool 15%"; do
+        i=$((i + 1))
+        "$RUN" "$M" -m serve $A $cfg -o "$tmp/sched$i.jsonl" 2>"$tmp/sched$i.err"
+        rc=$?
+        [ $rc -eq 0 ] || fail "serve $cfg: exit $rc: $(tail -2 "$tmp/sched$i.err")"
+    done
+    python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def check(ok, msg): print(("PASS " if ok else "FAIL ") + msg)
+cfgs = ["-max-seqs 16", "-max-seqs 1", "-prefix 0", "-pool 15%"]
+recs = [[json.loads(l) for l in open(f"{tmp}/sched{i + 1}.jsonl")] for i in range(4)]
+for kv in ["full", "sink:32,type=q8"]:
+    ids = [{r["id"]: r["ids"] for r in rs if r["kind"] == "request" and r["kv"] == kv} for rs in recs]
+    same = all(x == ids[0] for x in ids) and len(ids[0]) == 10
+    check(same, f"serve {kv}: the 10 requests' greedy ids are the same under {', '.join(cfgs)}")
+runs = {r["kv"]: r for r in recs[3] if r["kind"] == "run"}
+check(runs["full"]["preemptions"] > 0, f"the 15% pool preempted under full ({runs['full']['preemptions']} times) "
+      "and the outputs above did not change")
+full = [r for r in recs[0] if r["kind"] == "run" and r["kv"] == "full"][0]
+check(full["hit_rate"] > 0 and [r for r in recs[2] if r["kind"] == "run" and r["kv"] == "full"][0]["hit_rate"] == 0,
+      f"hotspot requests share prefixes: hit rate {full['hit_rate']:.3f} with prefix caching, 0 with -prefix 0")
+fields = ["throughput_tok_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_ms", "tpot_p95_ms", "queue_p95_s", "occupancy_mean",
+          "occupancy_peak", "steps_at_80", "steps_at_99", "mb_per_token", "occupancy", "preemptions", "hit_rate"]
+check(all(f in full for f in fields) and len(full["occupancy"]) == full["steps"],
+      "a run record has " + ", ".join(fields) + "; the occupancy curve one value per step")
+PY
+
+    # prefix caching, scripted: one prompt three times, each after the previous has finished
+    for a in 0 400 800; do
+        echo "{\"arrival\":$a,\"doc\":\"$L/BSD\",\"prompt\":\"Summarize the licence above in one sentence.\",\"n\":4}"
+    done >"$tmp/trace.jsonl"
+    for p in 1 0; do
+        "$RUN" "$M" -m serve -trace "$tmp/trace.jsonl" -prefix $p -o "$tmp/prefix$p.jsonl" 2>"$tmp/prefix$p.err" ||
+            fail "serve -trace -prefix $p: $(tail -2 "$tmp/prefix$p.err")"
+    done
+    python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def check(ok, msg): print(("PASS " if ok else "FAIL ") + msg)
+r1 = [json.loads(l) for l in open(f"{tmp}/prefix1.jsonl")]
+r0 = [json.loads(l) for l in open(f"{tmp}/prefix0.jsonl")]
+req = sorted([r for r in r1 if r["kind"] == "request"], key=lambda r: r["id"])
+run = [r for r in r1 if r["kind"] == "run"][0]
+n = req[0]["prompt_tokens"]
+blocks = 16 * ((n - 1) // 16)
+want = 2 * blocks / (3 * n)
+check([r["hit_tokens"] for r in req] == [0, blocks, blocks] and abs(run["hit_rate"] - want) < 1e-6,
+      f"three identical prompts of {n} tokens one after another: hit tokens {[r['hit_tokens'] for r in req]} "
+      f"(want 0, {blocks}, {blocks}), hit rate {run['hit_rate']:.6f} = 2*{blocks}/(3*{n}) = {want:.6f}")
+ids0 = {r["id"]: r["ids"] for r in r0 if r["kind"] == "request"}
+check({r["id"]: r["ids"] for r in req} == ids0 and len(set(str(r["ids"]) for r in req)) == 1,
+      "the cached and uncached runs give the same ids, and the three requests the same answer")
+PY
+    NSOAK=1000
+else
+    NSOAK=150
+fi
+
+# the soak: serve exits non-zero if an invariant breaks or a page is left held
+"$RUN" "$M" -m serve -docs $L/GPL-3 -docs $L/Apache-2.0 -docs $L/BSD -docs $L/MPL-2.0 -requests $NSOAK \
+    -lengths 1,16 -n 1 -pattern random -arrival 0.3 -pool 10% -max-seqs 32 -s 3 -o "$tmp/soak.jsonl" 2>"$tmp/soak.err"
+rc=$?
+done_n=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$tmp/soak.jsonl') if '\"run\"' in l][0]; print(r['finished'], r['failed'], r['preemptions'], r['steps'])" 2>/dev/null)
+if [ $rc -eq 0 ] && [ "$(echo "$done_n" | cut -d' ' -f1-2)" = "$NSOAK 0" ]; then
+    pass "soak: $NSOAK random requests through a 10% pool finish with the pool's invariants checked every step and no page held at the end (finished, failed, preemptions, steps: $done_n)"
+else fail "soak: exit $rc, $done_n: $(tail -2 "$tmp/soak.err")"; fi
+
+# bad input: one error line, non-zero exit
+echo '{"arrival":0,"prompt":"x","bogus":1}' >"$tmp/bad.jsonl"
+while IFS='|' read -r args want; do
+    out=$("$RUN" "$M" -m serve $args 2>&1 >/dev/null); rc=$?
+    if [ $rc -ne 0 ] && echo "$out" | grep -q -- "$want"; then pass "serve $args: refused ($want)"
+    else fail "serve $args: rc $rc, '$out' (want '$want')"; fi
+done <<EOF
+|-m serve needs requests
+-trace $tmp/bad.jsonl -docs $L/BSD|one source of requests
+-trace $tmp/bad.jsonl -pattern random|shape a generated trace
+-docs $L/BSD -pool 12parsecs|bad -pool
+-docs $L/BSD -pool 0%|bad -pool
+-trace $tmp/bad.jsonl|bogus
+-docs $L/BSD -requests 2 -kv full,prec=f32:16/q8|not paged yet
+-docs $L/nonexistent|nonexistent
+EOF

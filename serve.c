@@ -204,6 +204,43 @@ static double percentile(double *v, int n, double p) {
     return v[k < 0 ? 0 : k >= n ? n - 1 : k];
 }
 
+/* Quality against the request's own full-cache shadow, in a second pass (the pool is not involved): the request's
+ * tokens, as served, fed to a single run's cache of the policy (which holds what the served cache held, bit for bit:
+ * tests/test_kv_pool.c) and to `full` in f32 beside it; from the prompt's last token on, at every position, KL(full ‖
+ * policy) of the next-token distributions and whether their argmax agree (the figures of -m ppl). *kl and *top1 are
+ * sums over the *n positions scored. */
+static void request_quality(const Model *m, const Options *o, const char *spec_text, const Seq *r, double *kl,
+                            double *top1, long *n) {
+    KVCache c[2];
+    RunState st[2];
+    const char *specs[2] = {"full", spec_text};
+    KVShape shape = model_kv_shape(m, o->ctx);
+    char err[512];
+    int V = m->config.vocab_size, np = r->n_prompt - 1;
+    for (int k = 0; k < 2; k++) {
+        KVSpec spec;
+        if (kv_spec_parse(&spec, specs[k], k ? o->kvt : KV_F32, err, sizeof err)
+            || kv_cache_init(&c[k], &shape, &spec, err, sizeof err))
+            fatal("serve: the shadow pass's '%s': %s", specs[k], err);
+        kv_set_prompt_len(&c[k], r->n_prompt);
+        if (state_init_chunk(&st[k], &m->config, PREFILL_CHUNK)) fatal("out of memory");
+        if (np > 0 && forward_prefill((Model *)m, &st[k], &c[k], r->ids.ids, (size_t)np, 0, PREFILL_CHUNK))
+            fatal("serve: the shadow pass of request %d could not prefill", r->tr->id);
+    }
+    *kl = *top1 = 0;
+    *n = 0;
+    for (int p = np; p < (int)r->ids.n; p++) {
+        for (int k = 0; k < 2; k++)
+            if (forward((Model *)m, &st[k], &c[k], r->ids.ids[p], p))
+                fatal("serve: the shadow pass of request %d could not feed position %d", r->tr->id, p);
+        const float *a = st[0].logits, *b = st[1].logits;
+        *kl += eval_kl_div(a, eval_logsumexp(a, V), b, eval_logsumexp(b, V), V);
+        *top1 += sample_argmax(a, V) == sample_argmax(b, V);
+        (*n)++;
+    }
+    for (int k = 0; k < 2; k++) { kv_cache_free(&c[k]); state_free(&st[k]); }
+}
+
 /* The trace, replayed once under spec. Returns 0, or 128 + signal when stopped (what ran is reported). */
 static int serve_one(const Model *m, const Options *o, const Trace *t, const char *spec_text, size_t pool_bytes,
                      OutFile *out, const Provenance *pv) {
@@ -425,6 +462,11 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
     double *ttft = malloc((size_t)N * sizeof(double)), *tpot = malloc((size_t)N * sizeof(double)),
            *queue = malloc((size_t)N * sizeof(double));
     int n_ttft = 0, n_tpot = 0, n_failed = 0, n_finished = 0;
+    double kl_sum = 0, top1_sum = 0;
+    long q_n = 0;
+    double tq = now_s();
+    long q_total = 0;   /* positions the shadow pass scores, for its progress line */
+    for (int i = 0; i < N; i++) q_total += q[i].state == S_DONE ? (long)q[i].ids.n - q[i].n_prompt + 1 : 0;
     Line ln = {0};
     for (int i = 0; i < N; i++) {
         Seq *r = &q[i];
@@ -435,15 +477,26 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
         ttft[n_ttft++] = tt;
         queue[n_ttft - 1] = r->t_admit - r->t_arrive;
         if (r->out.n > 1) tpot[n_tpot++] = tp;
+        double kl = 0, top1 = 0;
+        long nq = 0;
+        if (o->shadow && !run_signal) {
+            request_quality(m, o, spec_text, r, &kl, &top1, &nq);
+            kl_sum += kl; top1_sum += top1; q_n += nq;
+            char what[96];
+            snprintf(what, sizeof what, "serve %s: shadow pass:", spec_text);
+            progress(tq, q_n, q_total, what);
+        }
         if (out->fd < 0) continue;
         ln.n = 0;
         line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"request\",\"kv\":\"");
         line_json_str(&ln, spec_text);
         line_printf(&ln, "\",\"id\":%d,\"arrival\":%ld,\"prompt_tokens\":%d,\"hit_tokens\":%d,\"out_tokens\":%zu,"
-                    "\"turns\":%d,\"cut\":%s,\"preemptions\":%d,\"queue_s\":%.6f,\"ttft_s\":%.6f,\"tpot_ms\":%.4f,\"ids\":[",
+                    "\"turns\":%d,\"cut\":%s,\"preemptions\":%d,\"queue_s\":%.6f,\"ttft_s\":%.6f,\"tpot_ms\":%.4f,",
                     r->tr->id, r->tr->arrival, r->n_prompt, r->hit_tokens, r->out.n, r->tr->n_turns, r->cut ? "true" : "false",
                     r->preemptions,
                     r->t_admit - r->t_arrive, tt, r->out.n > 1 ? tp * 1e3 : 0.0);
+        if (nq) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,", nq, kl / nq, top1 / nq);
+        line_printf(&ln, "\"ids\":[");
         for (size_t e = 0; e < r->out.n; e++) line_printf(&ln, "%s%d", e ? "," : "", r->out.ids[e]);
         line_printf(&ln, "],");
         json_provenance_end(&ln, pv);
@@ -455,10 +508,12 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
     double hit = prompt_tokens ? (double)hit_tokens / prompt_tokens : 0;
     double occ_mean = steps_run ? occ_sum / steps_run : 0, mbt = steps_run ? mb_tok_sum / steps_run : 0;
     fprintf(stderr, "%-28s %5d %4d %5d %6.3f %8.3f %8.3f %8.2f %8.2f %8.3f %8.1f %6.3f %6.3f %5.1f%% %5.1f%% %5.1f%% "
-            "%5.1f%% %7.4f %7.1f\n", spec_text, n_finished, n_failed, preemptions, hit, ttft50, ttft95, tpot50, tpot95,
+            "%5.1f%% %7.4f %7.1f", spec_text, n_finished, n_failed, preemptions, hit, ttft50, ttft95, tpot50, tpot95,
             q95, out_tokens / wall, occ_mean, occ_peak, 100.0 * occ_at[0] / (steps_run ? steps_run : 1),
             100.0 * occ_at[1] / (steps_run ? steps_run : 1), 100.0 * occ_at[2] / (steps_run ? steps_run : 1),
             100.0 * occ_at[3] / (steps_run ? steps_run : 1), mbt, wall);
+    if (q_n) fprintf(stderr, " %8.5f %6.4f\n", kl_sum / q_n, top1_sum / q_n);
+    else fprintf(stderr, " %8s %6s\n", "-", "-");
     if (out->fd >= 0) {
         ln.n = 0;
         line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"run\",\"kv\":\"");
@@ -474,6 +529,8 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
                     fed_tokens, out_tokens, wall, out_tokens / wall, n_ttft ? ttft50 : 0, n_ttft ? ttft95 : 0,
                     n_tpot ? tpot50 : 0, n_tpot ? tpot95 : 0, n_ttft ? q95 : 0, occ_mean, occ_peak, occ_at[0],
                     occ_at[1], occ_at[2], occ_at[3], mbt, occ.s);
+        if (q_n) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,", q_n, kl_sum / q_n,
+                             top1_sum / q_n);
         json_provenance_end(&ln, pv);
         outfile_line(out, &ln);
     }
@@ -544,9 +601,9 @@ int run_serve(Model *m, const Options *opt) {
     provenance_init(&pv, m, o, &text_sha);
     OutFile out = OUTFILE_NONE;
     if (o->out) outfile_open(&out, "-o", o->out, 1);
-    fprintf(stderr, "\n%-28s %5s %4s %5s %6s %8s %8s %8s %8s %8s %8s %6s %6s %6s %6s %6s %6s %7s %7s\n", "policy", "done",
+    fprintf(stderr, "\n%-28s %5s %4s %5s %6s %8s %8s %8s %8s %8s %8s %6s %6s %6s %6s %6s %6s %7s %7s %8s %6s\n", "policy", "done",
             "fail", "preem", "hit", "TTFT50 s", "TTFT95 s", "TPOT50ms", "TPOT95ms", "queue95s", "tok/s", "occ", "peak",
-            ">=80%", ">=90%", ">=95%", ">=99%", "MB/tok", "wall s");
+            ">=80%", ">=90%", ">=95%", ">=99%", "MB/tok", "wall s", "KL", "top1");
     int rc = 0;
     const char *def = "full";
     int n_kv = o->n_kv ? o->n_kv : 1;

@@ -29,12 +29,14 @@ value() {
         -d) echo cpu ;; -o) echo "$tmp/o.jsonl" ;; -chunk) echo 4 ;; -ppl-mode) echo stream ;;
         -tokenlog) echo "$tmp/t.jsonl" ;; -link) echo 64 ;; -calib) echo "$tmp/ids.txt" ;; -depths) echo 0,0.5 ;;
         -lengths) echo 32 ;; -passkey2) echo 0 ;; -task) echo vt ;; -items) echo 1 ;; -questions) echo 2 ;;
-        -shared) echo turns ;; *) echo "" ;;
+        -shared) echo turns ;; -trace|-sharegpt|-docs) echo "$tmp/ids.txt" ;; -requests) echo 2 ;;
+        -pattern) echo random ;; -pool) echo 50% ;; -arrival) echo 1 ;; -max-seqs) echo 2 ;; -prefix|-shadow) echo 0 ;;
+        *) echo "" ;;
     esac
 }
 modes=$(sed -n 1p "$tmp/table.md" | tr '|' '\n' | sed 's/ //g' | grep -v '^$' | sed '1d;$d')
 n_modes=$(echo "$modes" | wc -l)
-[ "$n_modes" -eq 8 ] && pass "the table has the 8 modes: $(echo $modes)" || fail "modes in the table: $(echo $modes)"
+[ "$n_modes" -eq 9 ] && pass "the table has the 9 modes: $(echo $modes)" || fail "modes in the table: $(echo $modes)"
 rejected=0; accepted=0; bad=0
 while IFS= read -r row; do
     # the flag's name is what precedes its value's name: `-kv SPEC` -> -kv

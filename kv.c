@@ -165,7 +165,7 @@ int kv_parse_bytes(const char *s, size_t *bytes) {
 
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4, q2"
 #define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch, kgroup, kgsize, rank, " \
-                    "krank, vrank, calib"
+                    "krank, vrank, calib, alloc"
 
 /* fast=BYTES ("64MiB", "512KiB", "4096B", "4096") or fast=P% (0 < P <= 100, of the cache's vector bytes). 0, or -1. */
 static int parse_fast(KVSpec *sp, const char *val) {
@@ -1010,9 +1010,46 @@ int kv_cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, char *er
 static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, int notes, KVPool *pool,
                       char *err, size_t errlen);
 
+/* alloc=pyramid: PyramidKV's schedule (Cai et al. 2024, "PyramidKV: Dynamic KV Cache Compression based on Pyramidal
+ * Information Funneling", arXiv:2406.02069, §3.2): layer l of L keeps k_l = k_0 - (k_0 - k_top) l / (L - 1) slots in
+ * every lane, k_top = B / β with β = 20 (its code's default), k_0 = 2B - k_top, so the mean over layers is B, the
+ * budget; each k_l rounded down (at least 1), then one slot more per layer from layer 0 up until the total is B · L
+ * exactly. caps: (n_layers * n_kv_heads). */
+static void pyramid_caps(int *caps, const KVShape *s, int B) {
+    int L = s->n_layers;
+    long total = 0;
+    double top = B / 20.0, bottom = 2.0 * B - top;
+    int k[L];
+    for (int l = 0; l < L; l++) {
+        double kl = L == 1 ? B : bottom - (bottom - top) * l / (L - 1);
+        k[l] = kl < 1 ? 1 : (int)kl;
+        total += k[l];
+    }
+    for (int l = 0; total != (long)B * L; l = (l + 1) % L) {
+        if (total < (long)B * L) { k[l]++; total++; }
+        else if (k[l] > 1) { k[l]--; total--; }
+    }
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < s->n_kv_heads; g++) caps[l * s->n_kv_heads + g] = k[l];
+}
+
 int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, const int *caps, char *err,
                         size_t errlen) {
-    return cache_init(c, shape, spec, caps, 1, NULL, err, errlen);
+    const char *al = kv_spec_value(spec, "alloc");
+    if (!al || strcmp(al, "pyramid")) return cache_init(c, shape, spec, caps, 1, NULL, err, errlen);
+    if (caps)
+        return errorf(err, errlen, "'%s': alloc=pyramid splits the budget over layers, and %s chooses its lanes' "
+                      "sizes itself: give one of them", spec->text, spec->name);
+    const KVPolicyOps *ops = kv_policy_find(spec->name);
+    if (!ops || !ops->evicts || !spec->budget)
+        return errorf(err, errlen, "'%s': alloc=pyramid splits an eviction policy's budget in tokens over the layers "
+                      "(PyramidKV); give one with a budget (h2o:256,alloc=pyramid)", spec->text);
+    int n_lanes = shape->n_layers * shape->n_kv_heads, *pyr = malloc((size_t)n_lanes * sizeof(int));
+    if (!pyr) return errorf(err, errlen, "out of memory");
+    pyramid_caps(pyr, shape, spec->budget);
+    int rc = cache_init(c, shape, spec, pyr, 1, NULL, err, errlen);
+    free(pyr);
+    return rc;
 }
 
 int kv_cache_init_pool(KVCache *c, const KVShape *shape, const KVSpec *spec, KVPool *pool, char *err, size_t errlen) {
@@ -1051,6 +1088,17 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
     if (shape->head_dim < 2 || shape->head_dim % 2)
         return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", shape->head_dim);
     if (spec_merge(c, ops, err, errlen)) return -1;
+    const char *al = kv_spec_get(&c->spec, "alloc");
+    if (al && !strcmp(al, "ada"))
+        return errorf(err, errlen, "'%s': alloc=ada (Ada-KV: slots moved between a layer's kv heads by the policy's "
+                      "scores) is not built yet: its lanes must grow and shrink; alloc=uniform (the default) or "
+                      "pyramid", spec->text);
+    if (al && strcmp(al, "uniform") && strcmp(al, "pyramid"))
+        return errorf(err, errlen, "unknown alloc=%s in '%s'; choices: uniform (every lane the budget), pyramid "
+                      "(PyramidKV: more slots for lower layers)", al, spec->text);
+    if (al && !strcmp(al, "pyramid") && (!caps || pool))
+        return errorf(err, errlen, "'%s': alloc=pyramid makes ragged lanes, which %s", spec->text,
+                      pool ? "a serving pool does not page yet" : "kv_cache_init_lanes sizes");
     int budget = spec->budget;
     if (spec->budget_bytes) {
         if (ops->select)

@@ -75,10 +75,11 @@ $(TESTBIN)/%: tests/%.c $(LIB_O) tests/check.h | $(TESTBIN)
 $(TESTBIN)/kv_dump: tests/kv_dump.c $(LIB_O) | $(TESTBIN)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
 PORTABLE := -mno-avx -mno-avx2 -mno-fma -mno-f16c
-$(TESTBIN)/kv_dump_portable: tests/kv_dump.c kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
-	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c -lm
-$(TESTBIN)/attn_ref_portable: tests/test_attn_ref.c tests/attn_ref_check.h kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c $(HDRS) | $(TESTBIN)
-	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< kv.c kv_tier.c lowrank.c attn_cpu.c policies.c util.c -lm
+KV_SRC := kv.c kv_tier.c lowrank.c attn_cpu.c policies.c pool.c util.c
+$(TESTBIN)/kv_dump_portable: tests/kv_dump.c $(KV_SRC) $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< $(KV_SRC) -lm
+$(TESTBIN)/attn_ref_portable: tests/test_attn_ref.c tests/attn_ref_check.h $(KV_SRC) $(HDRS) | $(TESTBIN)
+	$(CC) $(CFLAGS) $(PORTABLE) $(OMP) -I. -o $@ $< $(KV_SRC) -lm
 $(TESTBIN)/test_attn_ref: tests/attn_ref_check.h
 $(TESTBIN)/test_attn: tests/test_attn.cu $(LIB_O) $(TWIN_O) tests/check.h tests/attn_ref_check.h | $(TESTBIN)
 	$(CXX) $(CXXFLAGS) $(OMP) $(CUDA_DEF) -x c++ -I. -c -o $(BUILD)/test_attn.o $<

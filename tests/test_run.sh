@@ -96,7 +96,7 @@ expect_error "unknown mode" "unknown mode '-m sing'" "$RUN" "$M" -m sing
 expect_error "unknown flag" "unknown flag '-q'" "$RUN" "$M" -q
 expect_error "unknown device" "unknown device" "$RUN" "$M" -d tpu
 expect_error "two -kv in generate" "several policies run only in" "$RUN" "$M" -kv full -kv window:8
-expect_error "-y outside chat" "-y is not used by -m generate \(it is for chat and task\)" "$RUN" "$M" -y hi
+expect_error "-y outside chat" "-y is not used by -m generate \(it is for chat, task and serve\)" "$RUN" "$M" -y hi
 expect_error "unknown -kvt" "unknown -kvt 'q3'" "$RUN" "$M" -kvt q3
 expect_error "bad kv spec" "unknown kv policy 'nosuch'" "$RUN" "$M" -kv nosuch:5
 expect_error "prompt longer than -c under full" "longer than the context of 8 tokens" \

@@ -48,7 +48,7 @@ static const FlagDef FLAGS[] = {
     {"-s", "SEED", M_GEN | M_CHAT | M_PASSKEY | M_TASK | M_SERVE, "seed: sampling (default: fresh each run, printed); "
      "passkey: the keys, task: the items, serve: the generated trace and arrivals (default 1)"},
     {"-c", "N", M_CACHE, "context: full's cache and the shadow's length, tokens; default: the trained context "
-                         "(passkey, task and bench: at most 2048)"},
+                         "(passkey, task, bench and serve: at most 2048)"},
     {"-y", "TEXT", M_CHAT | M_TASK | M_SERVE, "system prompt (default: the chat template's own, if it has one; serve: "
      "a request's own \"system\" wins)"},
     {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench, task (-h policies)"},

@@ -43,6 +43,7 @@ typedef struct {
     int published;       /* blocks of the first prompt published to the prefix cache */
     int preemptions;
     int cut;             /* 1: ended before its last turn, which did not fit the cache (-c) */
+    int short_doc;       /* 1: a document has fewer tokens than doc_tokens asked for (it is used whole) */
     IdList out;          /* generated tokens, every turn */
     long arrive_step;
     double t_arrive, t_admit, t_first, t_last;
@@ -73,6 +74,7 @@ static void first_prompt(Seq *q, const Model *m, const Options *o) {
                 fatal("serve: request %d: tokenizer: %s", r->id, err);
             TokenDecoder dec;
             tokdec_init(&dec, &m->tokenizer);
+            q->short_doc |= nt < (size_t)r->doc_tokens;
             for (size_t i = 0; i < nt && i < (size_t)r->doc_tokens; i++) {
                 size_t k = tokdec_push(&dec, t[i], buf, sizeof buf - 1);
                 buf[k] = 0;
@@ -418,11 +420,13 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
             if (!turn_done) { ids_push(&r->ids, next); continue; }
             if (r->turn + 1 < r->tr->n_turns) {   /* the next turn: the answer's last token, then its prompt */
                 if (!stop) ids_push(&r->ids, next);
+                size_t served = r->ids.n;
                 r->turn++;
                 r->out_turn = 0;
                 next_turn(r, m);
                 if ((long)r->ids.n < (long)kv_capacity(&r->cache)) continue;
-                r->cut = 1;   /* the next turn does not fit -c: the request ends here */
+                r->cut = 1;   /* the next turn does not fit -c: the request ends here, its tokens those served */
+                r->ids.n = served;
             }
             r->state = S_DONE;
             n_done++;
@@ -471,6 +475,15 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
     for (int i = 0; i < N; i++) {
         Seq *r = &q[i];
         n_failed += r->state == S_FAILED;
+        if (r->state == S_FAILED && out->fd >= 0) {
+            ln.n = 0;
+            line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"request\",\"kv\":\"");
+            line_json_str(&ln, spec_text);
+            line_printf(&ln, "\",\"id\":%d,\"arrival\":%ld,\"prompt_tokens\":%d,\"failed\":true,", r->tr->id,
+                        r->tr->arrival, r->n_prompt);
+            json_provenance_end(&ln, pv);
+            outfile_line(out, &ln);
+        }
         if (r->state != S_DONE) continue;
         n_finished++;
         double tt = r->t_first - r->t_arrive, tp = r->out.n > 1 ? (r->t_last - r->t_first) / (r->out.n - 1) : NAN;
@@ -490,7 +503,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
         ln.n = 0;
         line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"request\",\"kv\":\"");
         line_json_str(&ln, spec_text);
-        line_printf(&ln, "\",\"id\":%d,\"arrival\":%ld,\"prompt_tokens\":%d,\"hit_tokens\":%d,\"out_tokens\":%zu,"
+        line_printf(&ln, "\",\"id\":%d,\"arrival\":%ld,\"prompt_tokens\":%d,\"failed\":false,\"hit_tokens\":%d,\"out_tokens\":%zu,"
                     "\"turns\":%d,\"cut\":%s,\"preemptions\":%d,\"queue_s\":%.6f,\"ttft_s\":%.6f,\"tpot_ms\":%.4f,",
                     r->tr->id, r->tr->arrival, r->n_prompt, r->hit_tokens, r->out.n, r->tr->n_turns, r->cut ? "true" : "false",
                     r->preemptions,
@@ -545,8 +558,11 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
 }
 
 int run_serve(Model *m, const Options *opt) {
-    Options oc = *opt, *o = &oc;   /* -c defaults to the trained context, at most 2048 tokens */
+    Options oc = *opt, *o = &oc;   /* -c defaults to the trained context, at most 2048 tokens; -s to 1 */
     if (!o->ctx) o->ctx = m->config.seq_len < 2048 ? m->config.seq_len : 2048;
+    if (!o->seed_set) o->seed = 1;
+    OutFile out = OUTFILE_NONE;   /* opened first: a path that cannot be written stops the job before any work */
+    if (o->out) outfile_open(&out, "-o", o->out, 1);
     if (!m->has_tokenizer) fatal("-m serve needs a model with a tokenizer (its requests are text)");
     Trace t;
     char err[512];
@@ -554,7 +570,7 @@ int run_serve(Model *m, const Options *opt) {
     if (n_gen < 1) fatal("-m serve: -n is the tokens each turn generates, at least 1");
     if (o->trace && trace_load(&t, o->trace, n_gen, err, sizeof err)) fatal("%s", err);
     if (o->sharegpt && trace_load_sharegpt(&t, o->sharegpt, n_gen, o->requests, err, sizeof err)) fatal("%s", err);
-    uint64_t seed = o->seed_set ? o->seed : 1;
+    uint64_t seed = o->seed;
     if (o->sharegpt && o->arrival > 0 && trace_assign_arrivals(&t, o->arrival, seed, err, sizeof err)) fatal("%s", err);
     if (!o->trace && !o->sharegpt) {
         int lo = o->n_lengths ? o->lengths[0] : 256, hi = o->n_lengths > 1 ? o->lengths[1] : o->n_lengths ? lo : 1024;
@@ -573,18 +589,23 @@ int run_serve(Model *m, const Options *opt) {
     size_t page_f32 = (size_t)KV_POOL_PAGE_SLOTS * 2 * kv_vector_bytes(KV_F32, shape.head_dim);
     size_t n_lanes = (size_t)m->config.n_layers * m->config.n_kv_heads;
     double demand = 0, *need = malloc((size_t)t.n * sizeof(double));
+    int n_short = 0;
     if (!need) fatal("out of memory");
     for (int i = 0; i < t.n; i++) {
         const TraceReq *r = &t.req[i];
         Seq probe = {.tr = r};
         first_prompt(&probe, m, o);
         long tok = probe.n_prompt;
+        n_short += probe.short_doc;
         free(probe.ids.ids);
         for (int k = 1; k < r->n_turns; k++) tok += (long)(strlen(r->turns[k]) / 4) + 16;
         tok += (long)r->n_gen * (r->n_turns ? r->n_turns : 1);
         if (tok > o->ctx) tok = o->ctx;
         need[i] = (double)kv_pool_pages_for((int)tok, KV_POOL_PAGE_SLOTS) * n_lanes * page_f32;
     }
+    if (n_short)
+        run_note("%d of %d requests ask for more document tokens than their document has: they read it whole", n_short,
+                 t.n);
     qsort(need, (size_t)t.n, sizeof *need, cmp_double);
     for (int i = t.n - 1; i >= 0 && i >= t.n - o->max_seqs; i--) demand += need[i];
     free(need);
@@ -599,8 +620,6 @@ int run_serve(Model *m, const Options *opt) {
     for (int d = 0; d < t.n_doc; d++) sha_update(&text_sha, t.doc[d].text, t.doc[d].bytes);
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
-    OutFile out = OUTFILE_NONE;
-    if (o->out) outfile_open(&out, "-o", o->out, 1);
     fprintf(stderr, "\n%-28s %5s %4s %5s %6s %8s %8s %8s %8s %8s %8s %6s %6s %6s %6s %6s %6s %7s %7s %8s %6s\n", "policy", "done",
             "fail", "preem", "hit", "TTFT50 s", "TTFT95 s", "TPOT50ms", "TPOT95ms", "queue95s", "tok/s", "occ", "peak",
             ">=80%", ">=90%", ">=95%", ">=99%", "MB/tok", "wall s", "KL", "top1");

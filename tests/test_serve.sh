@@ -7,6 +7,8 @@
 #  - prefix caching on a scripted trace: three identical prompts arriving one after another, so the 2nd and 3rd find
 #    the 1st's pages: hit rate = 2 * 16 * floor((n - 1) / 16) / (3 n) for a prompt of n tokens, by hand from the
 #    records' prompt_tokens; the hit tokens per request are 0, then that block count; the ids equal -prefix 0's;
+#  - a multi-turn request whose next turn does not fit -c is cut there and -shadow scores what was served; requests
+#    over -c fail, each with a "failed":true record;
 #  - a soak: 1,000 generated requests (random pattern, 1 to 16 document tokens, 1 token each) through a pool of 10%
 #    with -max-seqs 32: every request finishes, no failure; serve checks the pool's invariants after every step
 #    (kv_pool_check, the lanes' page references = the pool's) and that no page is held at the end, and exits with an
@@ -83,6 +85,18 @@ ids0 = {r["id"]: r["ids"] for r in r0 if r["kind"] == "request"}
 check({r["id"]: r["ids"] for r in req} == ids0 and len(set(str(r["ids"]) for r in req)) == 1,
       "the cached and uncached runs give the same ids, and the three requests the same answer")
 PY
+    # a request whose next turn does not fit -c ends there, and the shadow pass scores what was served; requests
+    # larger than -c fail with a record each
+    printf '{"arrival":0,"turns":["Hi","%s"],"n":4}\n' "$(printf 'x %.0s' $(seq 300))" >"$tmp/cut.jsonl"
+    "$RUN" "$M" -m serve -trace "$tmp/cut.jsonl" -c 128 -shadow 1 -o "$tmp/cut.out" 2>"$tmp/cut.err"; rc=$?
+    if [ $rc -eq 0 ] && grep -q '"cut":true' "$tmp/cut.out" && grep -q '"kl":' "$tmp/cut.out"; then
+        pass "a second turn over -c 128 cuts the request (\"cut\":true) and -shadow scores what was served"
+    else fail "cut request under -shadow: rc $rc, $(tail -1 "$tmp/cut.err")"; fi
+    "$RUN" "$M" -m serve -docs $L/BSD -requests 3 -lengths 16,200 -n 4 -c 64 -o "$tmp/fail.out" 2>"$tmp/fail.err"; rc=$?
+    nf=$(grep -c '"failed":true' "$tmp/fail.out")
+    if [ $rc -eq 0 ] && [ "$nf" -eq 3 ] && [ "$(grep -c 'over the' "$tmp/fail.err")" -eq 3 ]; then
+        pass "3 requests over -c 64 fail, each said on stderr and recorded with \"failed\":true"
+    else fail "requests over -c: rc $rc, $nf failed records, $(tail -1 "$tmp/fail.err")"; fi
     NSOAK=1000 POOL=10%
 else
     NSOAK=12 POOL=30%   # a decode step takes about 40 times as long under ASan: 150 requests took 30 minutes

@@ -40,7 +40,8 @@ typedef struct {
     KVCache cache;
     int has_cache;
     int hit_tokens;      /* prompt tokens served from cached pages (first admission) */
-    int published;       /* blocks of the first prompt published to the prefix cache */
+    int published;       /* blocks of the first prompt published to the prefix cache (or adopted from it) */
+    uint64_t chain_key;  /* the key of block published - 1, the chain the next block's key continues */
     int preemptions;
     int cut;             /* 1: ended before its last turn, which did not fit the cache (-c) */
     int short_doc;       /* 1: a document has fewer tokens than doc_tokens asked for (it is used whole) */
@@ -163,6 +164,7 @@ static int prefix_adopt(Server *sv, Seq *q) {
         }
         if (!all) break;
         hit = j + 1;
+        q->chain_key = key;
     }
     if (hit) {
         for (size_t e = 0; e < (size_t)hit * sv->n_lanes; e++) kv_pool_ref(&sv->pool, pages[e]);
@@ -179,14 +181,20 @@ static int prefix_adopt(Server *sv, Seq *q) {
 static void prefix_publish(Server *sv, Seq *q) {
     int P = kv_page_slots(&q->cache), whole = (q->n_prompt - 1) / P;
     if (!sv->prefix) return;
-    uint64_t key = sv->salt;
-    for (int j = 0; j < q->published; j++) key = kv_pool_chain(key, q->ids.ids + (size_t)j * P, P, sv->salt);
+    uint64_t key = q->published ? q->chain_key : sv->salt;
     while (q->published < whole && q->fed >= (q->published + 1) * P) {
         int j = q->published;
         key = kv_pool_chain(key, q->ids.ids + (size_t)j * P, P, sv->salt);
         for (int i = 0; i < sv->n_lanes; i++) kv_pool_publish(&sv->pool, kv_lane_page_id(&q->cache, i, j), lane_key(key, i));
         q->published++;
     }
+    q->chain_key = key;
+}
+
+/* Tokens a running sequence feeds at its next step: all it has pending, at most `chunk`. */
+static int next_step_tokens(const Seq *q, int chunk) {
+    int pending = (int)q->ids.n - q->fed;
+    return pending < chunk ? pending : chunk;
 }
 
 static void seq_release(Seq *q) {
@@ -244,8 +252,8 @@ static void request_quality(const Model *m, const Options *o, const char *spec_t
 }
 
 /* The trace, replayed once under spec. Returns 0, or 128 + signal when stopped (what ran is reported). */
-static int serve_one(const Model *m, const Options *o, const Trace *t, const char *spec_text, size_t pool_bytes,
-                     OutFile *out, const Provenance *pv) {
+static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq *prompts, const char *spec_text,
+                     size_t pool_bytes, OutFile *out, const Provenance *pv) {
     Server sv = {m, o, spec_text, {0}, m->config.n_layers * m->config.n_kv_heads, 0, o->max_seqs, o->chunk, 0, 0};
     char err[512];
     KVShape shape = model_kv_shape(m, o->ctx);
@@ -287,7 +295,9 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
             r->state = S_QUEUED;
             r->arrive_step = step;
             r->t_arrive = now;
-            first_prompt(r, m, o);
+            for (size_t e = 0; e < prompts[next_arrival].ids.n; e++) ids_push(&r->ids, prompts[next_arrival].ids.ids[e]);
+            r->n_prompt = prompts[next_arrival].n_prompt;
+            r->stop = prompts[next_arrival].stop;
             prompt_tokens += r->n_prompt;
             waiting[n_wait++] = next_arrival++;
         }
@@ -295,7 +305,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
         int reserve = 0;
         for (int k = 0; k < n_run; k++) {
             Seq *r = &q[running[k]];
-            reserve += kv_pages_needed(&r->cache, (int)r->ids.n - r->fed < sv.chunk ? (int)r->ids.n - r->fed : sv.chunk);
+            reserve += kv_pages_needed(&r->cache, next_step_tokens(r, sv.chunk));
         }
         /* admission, first come first served: the queue's head while its pending tokens' pages are there */
         while (n_wait > 0 && n_run < sv.max_seqs) {
@@ -333,7 +343,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const cha
             }
             r->state = S_RUNNING;
             r->admitted_order = ++sv.order;
-            reserve += kv_pages_needed(&r->cache, (int)r->ids.n - r->fed < sv.chunk ? (int)r->ids.n - r->fed : sv.chunk);
+            reserve += kv_pages_needed(&r->cache, next_step_tokens(r, sv.chunk));
             running[n_run++] = waiting[0];
             memmove(waiting, waiting + 1, (size_t)--n_wait * sizeof(int));
         }
@@ -589,15 +599,15 @@ int run_serve(Model *m, const Options *opt) {
     size_t page_f32 = (size_t)KV_POOL_PAGE_SLOTS * 2 * kv_vector_bytes(KV_F32, shape.head_dim);
     size_t n_lanes = (size_t)m->config.n_layers * m->config.n_kv_heads;
     double demand = 0, *need = malloc((size_t)t.n * sizeof(double));
+    Seq *prompts = calloc((size_t)t.n, sizeof(Seq));   /* each request's first prompt, tokenized once for every spec */
     int n_short = 0;
-    if (!need) fatal("out of memory");
+    if (!need || !prompts) fatal("out of memory");
     for (int i = 0; i < t.n; i++) {
         const TraceReq *r = &t.req[i];
-        Seq probe = {.tr = r};
-        first_prompt(&probe, m, o);
-        long tok = probe.n_prompt;
-        n_short += probe.short_doc;
-        free(probe.ids.ids);
+        prompts[i].tr = r;
+        first_prompt(&prompts[i], m, o);
+        long tok = prompts[i].n_prompt;
+        n_short += prompts[i].short_doc;
         for (int k = 1; k < r->n_turns; k++) tok += (long)(strlen(r->turns[k]) / 4) + 16;
         tok += (long)r->n_gen * (r->n_turns ? r->n_turns : 1);
         if (tok > o->ctx) tok = o->ctx;
@@ -626,10 +636,12 @@ int run_serve(Model *m, const Options *opt) {
     int rc = 0;
     const char *def = "full";
     int n_kv = o->n_kv ? o->n_kv : 1;
-    for (int k = 0; k < n_kv && !rc; k++) rc = serve_one(m, o, &t, o->n_kv ? o->kv[k] : def, pool_bytes, &out, &pv);
+    for (int k = 0; k < n_kv && !rc; k++) rc = serve_one(m, o, &t, prompts, o->n_kv ? o->kv[k] : def, pool_bytes, &out, &pv);
     if (rc) fprintf(stderr, "serve: stopped by %s: the table holds what ran\n", run_signal_name(rc - 128));
     outfile_close(&out);
     line_free(&pv.cmdline);
+    for (int i = 0; i < t.n; i++) free(prompts[i].ids.ids);
+    free(prompts);
     trace_free(&t);
     return rc;
 }

@@ -349,6 +349,13 @@ typedef struct {
      * kv_cache_init_lanes, -c slots for the chosen lanes and the budget for the others. A driver that has no text
      * must not run it (made with kv_cache_init every lane gets the budget). NULL: the policy takes no lane choice. */
     double (*calib_full)(const KVPolicy *p);
+    /* Shrinking and allocation (alloc=ada, adapt:): write into score (n_live) how much the policy wants to keep each
+     * live rank of ln before the token at pos_now is stored, higher = kept longer, +INFINITY for a rank it protects;
+     * the rank its evict would name is the lowest (ties: the oldest). The scores of the lanes of one layer compare
+     * (H2O's accumulated attention, TOVA's last attention: probabilities of one softmax each), so a layer's slots can
+     * be ranked together (Ada-KV). Computed from the lane view and the policy's parameters only, never from per-lane
+     * state, so it may score a lane of another cache that holds this policy's metadata. NULL: the policy cannot. */
+    void (*keep_score)(const KVPolicy *p, int lane, const KVLane *ln, int pos_now, double *score);
 } KVPolicyOps;
 
 struct KVPolicy {

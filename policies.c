@@ -110,12 +110,17 @@ static int window_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *vic
     return 1;
 }
 
+/* keep score: the position (the oldest goes first) */
+static void window_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, double *score) {
+    for (int i = 0; i < ln->n_live; i++) score[i] = kv_rank_pos(ln, i);
+}
+
 static const KVPolicyOps policy_window = {
     .example = "window:16",
     .name = "window", .family = "eviction",
     .paper = "sliding window: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1",
     .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
-    .needs_budget = 1, .evicts = 1, .evict = window_evict,
+    .needs_budget = 1, .evicts = 1, .evict = window_evict, .keep_score = window_keep,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -151,6 +156,12 @@ static int sink_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victi
     return 1;
 }
 
+/* keep score: the sinks protected, then the position */
+static void sink_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, double *score) {
+    const SinkState *st = p->state;
+    for (int i = 0; i < ln->n_live; i++) score[i] = i < st->sinks ? INFINITY : kv_rank_pos(ln, i);
+}
+
 static void sink_describe(const KVPolicy *p, char *buf, size_t len) {
     snprintf(buf, len, "sinks=%d", ((const SinkState *)p->state)->sinks);
 }
@@ -161,7 +172,7 @@ static const KVPolicyOps policy_sink = {
     .paper = "StreamingLLM: Xiao et al. 2023, arXiv:2309.17453, section 3.2",
     .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
     .options = "sinks=S (default 4)", .reason = "oldest after the sinks", .needs_budget = 1, .evicts = 1,
-    .init = sink_init, .evict = sink_evict, .describe = sink_describe,
+    .init = sink_init, .evict = sink_evict, .describe = sink_describe, .keep_score = sink_keep,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -273,6 +284,13 @@ static int h2o_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victim
     return 1;
 }
 
+/* keep score: recent protected, the others their accumulated attention */
+static void h2o_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, double *score) {
+    const RecentState *st = p->state;
+    int end = candidates_end(ln, t, st->recent);
+    for (int i = 0; i < ln->n_live; i++) score[i] = i < end ? *rank_f32(ln, i) : INFINITY;
+}
+
 static void recent_describe(const KVPolicy *p, char *buf, size_t len) {
     snprintf(buf, len, "recent=%d", ((const RecentState *)p->state)->recent);
 }
@@ -284,7 +302,7 @@ static const KVPolicyOps policy_h2o = {
     .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
     .options = "recent=R (default N/2)", .reason = "lowest accumulated attention outside recent", .needs_budget = 1,
     .evicts = 1, .init = h2o_init, .meta_bytes_per_slot = meta_4, .observe = h2o_observe, .evict = h2o_evict,
-    .describe = recent_describe,
+    .describe = recent_describe, .keep_score = h2o_keep,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -345,6 +363,11 @@ static int tova_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victi
     return 1;
 }
 
+/* keep score: the last step's attention (per=layer: the layer's, written into every lane's metadata) */
+static void tova_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, double *score) {
+    for (int i = 0; i < ln->n_live; i++) score[i] = *rank_f32(ln, i);
+}
+
 static void tova_describe(const KVPolicy *p, char *buf, size_t len) {
     snprintf(buf, len, "per=%s", ((const TovaState *)p->state)->per_layer ? "layer" : "lane");
 }
@@ -356,7 +379,7 @@ static const KVPolicyOps policy_tova = {
     .summary = "tova:N drops the lowest attention of the last step (TOVA); per=layer as the paper",
     .options = "per=lane|layer (default lane)", .reason = "lowest attention at the last step", .needs_budget = 1,
     .evicts = 1, .init = tova_init, .meta_bytes_per_slot = meta_4, .observe = tova_observe,
-    .on_layer_done = tova_on_layer_done, .evict = tova_evict, .describe = tova_describe,
+    .on_layer_done = tova_on_layer_done, .evict = tova_evict, .describe = tova_describe, .keep_score = tova_keep,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -1889,6 +1889,123 @@ int kv_cache_adopt_prefix(KVCache *c, const int *pages, int n_blocks, char *err,
     return 0;
 }
 
+/* The ranks of ln to drop so that keep remain: the n_live - keep lowest keep scores of dst's policy, ties the oldest
+ * (rank order). drop (n_live): 1 for those; score (n_live) written. */
+static void transfer_drop(const KVCache *dst, int lane, const KVLane *ln, int keep, int pos_next, double *score,
+                          int *drop) {
+    int n = ln->n_live;
+    dst->policy.ops->keep_score(&dst->policy, lane, ln, pos_next, score);
+    for (int i = 0; i < n; i++) drop[i] = 0;
+    for (int k = 0; k < n - keep; k++) {   /* n - keep passes over n: a switch is rare, a lane small */
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (!drop[i] && score[i] < INFINITY && (best < 0 || score[i] < score[best])) best = i;
+        if (best < 0) break;   /* only protected ranks left: the policy's budget check rules this out */
+        drop[best] = 1;
+    }
+}
+
+int kv_cache_transfer(KVCache *dst, KVCache *src, int pos_next, char *err, size_t errlen) {
+    const KVShape *s = &src->shape;
+    int n_lanes = s->n_layers * s->n_kv_heads, hd = s->head_dim;
+    const KVPolicyOps *dops = dst->policy.ops;
+    int same_policy = dops == src->policy.ops;
+    if (dst->shape.n_layers != s->n_layers || dst->shape.n_kv_heads != s->n_kv_heads || dst->shape.head_dim != hd
+        || dst->spec.pos != src->spec.pos)
+        return errorf(err, errlen, "kv: '%s' and '%s' differ in shape or pos=: their tokens cannot move",
+                      src->spec.text, dst->spec.text);
+    KVCache *both[2] = {src, dst};
+    for (int x = 0; x < 2; x++)
+        if (both[x]->n_bands > 1 || both[x]->kgroup || both[x]->krank || both[x]->vrank || both[x]->merges
+            || both[x]->merge_evict || both[x]->device || both[x]->on_slot || both[x]->tiers)
+            return errorf(err, errlen, "kv: '%s' has several bands, per-channel keys, low rank, merging, memory tiers "
+                          "or a device mirror: its tokens do not move between caches", both[x]->spec.text);
+    if (!same_policy && src->meta_bytes)
+        return errorf(err, errlen, "kv: '%s' keeps %s's metadata, which %s cannot read", src->spec.text,
+                      src->policy.ops->name, dops->name);
+    if (same_policy && src->meta_bytes != dst->meta_bytes)
+        return errorf(err, errlen, "kv: '%s' and '%s' keep metadata of different sizes", src->spec.text, dst->spec.text);
+    int max_live = 0, shrink = 0;
+    for (int i = 0; i < n_lanes; i++) {
+        const KVLane *a = &src->lanes[i], *b = &dst->lanes[i];
+        if (b->n_live) return errorf(err, errlen, "kv: tokens move into an empty cache");
+        if (a->n_live > max_live) max_live = a->n_live;
+        shrink |= a->n_live > b->cap;
+    }
+    if (shrink && (!dops->keep_score || !same_policy))
+        return errorf(err, errlen, "kv: '%s' holds more tokens than a lane of '%s' has slots, and %s cannot rank "
+                      "them (keep_score, on a lane of its own policy)", src->spec.text, dst->spec.text, dops->name);
+    if (dst->pool) {   /* the pages, lane by lane as the move goes: src's lane gives back, then dst's lane takes */
+        if (!src->pool || src->pool != dst->pool)
+            return errorf(err, errlen, "kv: a pool cache's tokens move into a cache of the same pool");
+        long avail = kv_pool_n_free(dst->pool) + kv_pool_n_cached(dst->pool);
+        for (int i = 0; i < n_lanes; i++) {
+            int keep = src->lanes[i].n_live < dst->lanes[i].cap ? src->lanes[i].n_live : dst->lanes[i].cap;
+            avail += src->lanes[i].n_pages - kv_pool_pages_for(keep, dst->page_slots);
+            if (avail < 0) return 1;
+        }
+    }
+    size_t mb = dst->meta_bytes;
+    float *kx = malloc((size_t)(max_live ? max_live : 1) * 2 * hd * sizeof(float));
+    double *score = malloc((size_t)(max_live ? max_live : 1) * sizeof(double));
+    int *drop = malloc((size_t)(max_live ? max_live : 1) * sizeof(int)), *pos = malloc((size_t)(max_live ? max_live : 1) * sizeof(int));
+    uint8_t *meta = malloc((size_t)(max_live ? max_live : 1) * (mb ? mb : 1));
+    if (!kx || !score || !drop || !pos || !meta) {
+        free(kx); free(score); free(drop); free(pos); free(meta);
+        return errorf(err, errlen, "out of memory");
+    }
+    for (int i = 0; i < n_lanes; i++) {
+        KVLane *a = &src->lanes[i], *b = &dst->lanes[i];
+        int l = i / s->n_kv_heads, g = i % s->n_kv_heads, n = a->n_live, keep = n < b->cap ? n : b->cap, w = 0;
+        if (keep < n) transfer_drop(dst, i, a, keep, pos_next, score, drop);
+        else for (int r = 0; r < n; r++) drop[r] = 0;
+        for (int r = 0; r < n; r++) {
+            int sl = a->live[r];
+            if (drop[r]) {
+                emit(src, KV_EV_EVICT, pos_next, l, g, a->pos[sl], a->pos[sl], 1, -1, score[r]);
+                dst->n_evictions++;
+                continue;
+            }
+            slot_read(src, a, sl, 0, kx + (size_t)w * 2 * hd);
+            slot_read(src, a, sl, 1, kx + (size_t)w * 2 * hd + hd);
+            pos[w] = a->pos[sl];
+            if (same_policy && mb) memcpy(meta + (size_t)w * mb, a->meta + (size_t)sl * mb, mb);
+            w++;
+        }
+        for (int r = 0; r < n; r++) slot_release(src, a, a->live[r]);   /* src's lane empty, its pages back */
+        a->n_live = 0;
+        if (src->pool) lane_release_pages(src, a);
+        for (int j = 0; j < w; j++) {
+            if (b->n_live == b->cap || (dst->pool && b->n_free[0] == 0 && lane_take_page(dst, b))) {
+                /* the checks above rule both out */
+                free(kx); free(score); free(drop); free(pos); free(meta);
+                return errorf(err, errlen, "kv: lane %d of '%s' ran out of slots or pages in the middle of a move (a bug)",
+                              i, dst->spec.text);
+            }
+            int slot = band_pop(dst, b, 0);
+            b->pos[slot] = pos[j];
+            slot_write(dst, b, slot, 0, kx + (size_t)j * 2 * hd);
+            slot_write(dst, b, slot, 1, kx + (size_t)j * 2 * hd + hd);
+            b->live[b->n_live++] = slot;
+            dst->live_bytes += token_bytes(dst, b, 0);
+            memset(b->meta + (size_t)slot * mb, 0, mb);
+            if (dops->on_insert) dops->on_insert(&dst->policy, i, b, b->n_live - 1, pos[j]);
+            if (same_policy && mb) memcpy(b->meta + (size_t)slot * mb, meta + (size_t)j * mb, mb);
+        }
+        if (b->n_live > b->peak_live) b->peak_live = b->n_live;
+    }
+    if (dst->live_bytes > dst->peak_live_bytes) dst->peak_live_bytes = dst->live_bytes;
+    dst->policy.prompt_len = src->policy.prompt_len;
+    free(kx); free(score); free(drop); free(pos); free(meta);
+    return 0;
+}
+
+void kv_cache_move(KVCache *dst, KVCache *src) {
+    *dst = *src;
+    dst->policy.spec = &dst->spec;
+    memset(src, 0, sizeof *src);
+}
+
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;

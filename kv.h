@@ -572,6 +572,23 @@ int kv_lane_page_id(const KVCache *c, int lane, int j);
  * model (pages: (n_blocks, n_lanes), the caller having taken a reference to each), as if it had stored them itself:
  * lane i's slot s holds position s. 0, or -1 + message (not empty, another policy, more slots than a lane's cap). */
 int kv_cache_adopt_prefix(KVCache *c, const int *pages, int n_blocks, char *err, size_t errlen);
+/* Switching a sequence's cache (adapt:, -m serve): move src's tokens into dst, an empty cache made from another spec
+ * of the same shape and pos= (another storage type, budget or policy; one storage band each, no merging, no
+ * per-channel keys, low rank or device mirror), lane by lane: when a lane of src holds more live tokens than dst's lane
+ * has slots, dst's policy ranks them with its keep_score (on src's lane: the two must be the same policy, or src's a
+ * policy without metadata) and the lowest go, ties the oldest (KV_EV_EVICT events on src, counted in dst's
+ * n_evictions); the kept tokens enter dst in position order, each key and value decoded from src's form to f32 (keys
+ * as stored: rotated under pos=orig, pre-RoPE under pos=cache) and encoded in dst's, with its position and, between
+ * caches of the same policy, its metadata (a score-based policy's scores survive the move; dst's on_insert is called
+ * first). pos_next: the position the sequence stores next (keep_score's pos_now). For pool caches each lane of src
+ * gives its pages back before dst's lane takes its own, so the move needs at most one lane's pages beyond what src
+ * held; it first checks, in that order, that the pool's free and cached pages suffice, and returns 1 with nothing
+ * changed when they do not. After 0 src holds no tokens and no pages (free it); -1 + message: specs that cannot
+ * move (checked before anything changes). */
+int kv_cache_transfer(KVCache *dst, KVCache *src, int pos_next, char *err, size_t errlen);
+/* Move a cache struct to another address (src is left zeroed; nothing is copied but the struct): a KVCache points into
+ * itself (its policy's spec), so a plain struct copy is not a cache. */
+void kv_cache_move(KVCache *dst, KVCache *src);
 /* Pool caches: slots per page (P); 0 for a single run's cache. */
 static inline int kv_page_slots(const KVCache *c) { return c->page_slots; }
 /* clone/restore: dst becomes a copy of src (same shape and spec, every lane, every policy's state, the counters);

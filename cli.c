@@ -51,7 +51,7 @@ static const FlagDef FLAGS[] = {
                          "(passkey, task, bench and serve: at most 2048)"},
     {"-y", "TEXT", M_CHAT | M_TASK | M_SERVE, "system prompt (default: the chat template's own, if it has one; serve: "
      "a request's own \"system\" wins)"},
-    {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench, task (-h policies)"},
+    {"-kv", "SPEC", M_CACHE, "KV policy NAME[:BUDGET][,key=value...]; repeatable in ppl, passkey, bench, task, serve; serve also takes adapt:CHAIN (-h policies)"},
     {"-kvt", "TYPE", M_CACHE, "default storage type: f32 (default), f16, bf16, q8, q4, q2"},
     {"-calib", "FILE", M_CACHE, "calibration text (ids on an ids-only model) for a policy that chooses its lanes on "
                                 "one (duo: recall of sink:B against the shadow over its first -c tokens); required by it"},
@@ -209,7 +209,15 @@ void usage_policies(FILE *f) {
                "\nkeys every selection policy takes:\n"
                "  prompt=sparse|dense       sparse (default): every query selects; dense: the prompt's queries read\n"
                "                            every token (full attention, counted as full's reads) and only the later\n"
-               "                            ones select (Quest's dense prefill); needs a prompt, so not in ppl\n");
+               "                            ones select (Quest's dense prefill); needs a prompt, so not in ppl\n"
+               "\nadapt:CHAIN (-m serve only), a policy that follows the pool's occupancy: MEMBER@OCC/MEMBER@OCC/...\n"
+               "  each member a spec (a storage type alone: full in it) held from that occupancy (%%) on, the first @0;\n"
+               "  `adapt` alone is adapt:" ADAPT_DEFAULT ". A member without type= keeps the types of the\n"
+               "  one before it. Besides full, one policy with a keep score (h2o, tova, sink, window); full members are held\n"
+               "  as it with the context for budget (never evicting), so its scores are ready at a switch. Running\n"
+               "  sequences switch when the occupancy reaches a later member's threshold (their tokens moved and\n"
+               "  re-encoded, the lowest scores dropped); when a step's pages are short, one sequence steps one member\n"
+               "  down before any is preempted. Prefix caching is off under adapt.\n");
 }
 
 static const FlagDef *flag_find(const char *a) {
@@ -605,6 +613,13 @@ int cli_main(int argc, char **argv) {
     int calib_readers = 0, tiers = 0;
     for (int k = 0; k < o.n_kv; k++) {
         KVSpec spec;
+        Adapt ad;
+        int arc = serve_adapt_parse(o.kv[k], o.kvt, &ad, err, sizeof err);
+        if (arc < 0) fatal("-kv: %s", err);
+        if (arc == 0 && strcmp(o.mode, "serve"))
+            fatal("-kv %s: adapt: switches a sequence's policy with a serving pool's occupancy, so it runs under -m "
+                  "serve only", o.kv[k]);
+        if (arc == 0) continue;
         if (kv_spec_parse(&spec, o.kv[k], o.kvt, err, sizeof err) || kv_spec_check_mode(&spec, o.mode, err, sizeof err))
             fatal("-kv: %s", err);
         tiers |= spec.fast_bytes || spec.fast_frac > 0;

@@ -971,6 +971,7 @@ int eval_choose_lanes(int *chosen, const double *recall, int n_lanes, double sha
 int *eval_calib(Model *m, const Options *o, int k) {
     KVSpec spec;
     char err[512];
+    if (!strcmp(o->kv[k], "adapt") || !strncmp(o->kv[k], "adapt:", 6)) return NULL;   /* serve's chains: no calibration */
     if (kv_spec_parse(&spec, o->kv[k], o->kvt, err, sizeof err)) fatal("-kv: %s", err);
     const KVPolicyOps *ops = kv_policy_find(spec.name);
     if (!ops->calib_full) return NULL;

@@ -28,6 +28,71 @@
 
 enum { S_QUEUED, S_RUNNING, S_DONE, S_FAILED };
 
+int serve_adapt_parse(const char *text, KVType default_type, Adapt *a, char *err, size_t errlen) {
+    if (strcmp(text, "adapt") && strncmp(text, "adapt:", 6)) return 1;
+    memset(a, 0, sizeof *a);
+    char chain[512];
+    snprintf(chain, sizeof chain, "%s", text[5] ? text + 6 : ADAPT_DEFAULT);
+    if (!chain[0]) return errorf(err, errlen, "'%s': adapt: needs a chain, MEMBER@OCC/... (e.g. %s)", text, ADAPT_DEFAULT);
+    KVType kt = default_type, vt = default_type;
+    for (char *m = chain, *next; m; m = next) {
+        next = strchr(m, '/');
+        if (next) *next++ = 0;
+        char *at = strrchr(m, '@'), *end;
+        if (!at || at == m)
+            return errorf(err, errlen, "'%s': each member of an adapt: chain is SPEC@OCCUPANCY%% (e.g. q8@80), not '%s'",
+                          text, m);
+        *at++ = 0;
+        long occ = strtol(at, &end, 10);
+        if (end == at || (*end && strcmp(end, "%")) || occ < 0 || occ > 100)
+            return errorf(err, errlen, "'%s': member '%s' holds from an occupancy in percent, 0 to 100, not '%s'", text,
+                          m, at);
+        if (a->n == ADAPT_MAX) return errorf(err, errlen, "'%s': at most %d members", text, ADAPT_MAX);
+        if (a->n == 0 && occ != 0)
+            return errorf(err, errlen, "'%s': the first member holds from occupancy 0 (%s@0), not @%ld", text, m, occ);
+        if (a->n > 0 && occ <= a->at[a->n - 1])
+            return errorf(err, errlen, "'%s': the occupancies must increase (%s@%ld after @%d)", text, m, occ,
+                          a->at[a->n - 1]);
+        /* the member as a spec: a type alone is full in it; no type given keeps the previous member's */
+        char base[160];
+        int ty = kv_type_parse(m), typed = ty >= 0 || strstr(m, "type=") != NULL;
+        if (strlen(m) > 100) return errorf(err, errlen, "'%s': a member of over 100 characters", text);
+        if (ty >= 0) snprintf(base, sizeof base, "full,type=%.100s", m);
+        else snprintf(base, sizeof base, "%.100s", m);
+        KVSpec sp;
+        if (kv_spec_parse(&sp, base, default_type, err, errlen)) return -1;
+        if (!typed && a->n > 0) {
+            size_t n = strlen(base);
+            if (kt == vt) snprintf(base + n, sizeof base - n, ",type=%s", kv_type_names[kt]);
+            else snprintf(base + n, sizeof base - n, ",ktype=%s,vtype=%s", kv_type_names[kt], kv_type_names[vt]);
+            if (kv_spec_parse(&sp, base, default_type, err, errlen)) return -1;
+        }
+        if (kv_spec_check_mode(&sp, "serve", err, errlen)) return -1;
+        kt = sp.ktype;
+        vt = sp.vtype;
+        const KVPolicyOps *ops = kv_policy_find(sp.name);
+        if (!ops) return errorf(err, errlen, "'%s': unknown kv policy '%s'; policies: %s", text, sp.name, kv_policy_names());
+        int full = !strcmp(sp.name, "full");
+        if (!full) {
+            if (!ops->evicts || !ops->keep_score)
+                return errorf(err, errlen, "'%s': member '%s': an adapt: chain shrinks a sequence by its policy's keep "
+                              "score, which %s has not (h2o, tova, sink, window have one)", text, m, sp.name);
+            if (a->scorer[0] && strcmp(a->scorer, sp.name))
+                return errorf(err, errlen, "'%s': the members besides full are one policy (%s and %s here): a switch "
+                              "carries its scores from member to member", text, a->scorer, sp.name);
+            snprintf(a->scorer, sizeof a->scorer, "%s", sp.name);
+        }
+        if (kv_spec_value(&sp, "merge") || kv_spec_value(&sp, "alloc"))
+            return errorf(err, errlen, "'%s': member '%s': merge= and alloc= are not taken in an adapt: chain", text, m);
+        a->full[a->n] = full;
+        a->at[a->n] = (int)occ;
+        snprintf(a->spec[a->n], sizeof a->spec[0], "%s", base);
+        a->n++;
+    }
+    return 0;
+}
+
+
 typedef struct {
     const TraceReq *tr;
     IdList ids;          /* every token of the sequence so far: prompts, answers (the last answer token unfed) */
@@ -46,6 +111,10 @@ typedef struct {
     int cut;             /* 1: ended before its last turn, which did not fit the cache (-c) */
     int short_doc;       /* 1: a document has fewer tokens than doc_tokens asked for (it is used whole) */
     IdList out;          /* generated tokens, every turn */
+    /* adapt: the member its cache holds now and the one it started from (this admission's; a preemption starts
+       over), and each switch: the step, the tokens in the cache then, the member it went to, the occupancy */
+    int member, start_member, n_sw, cap_sw;
+    struct { long step; int at, member; double occ; int shortage; } *sw;
     long arrive_step;
     double t_arrive, t_admit, t_first, t_last;
 } Seq;
@@ -57,6 +126,9 @@ typedef struct {
     KVPool pool;
     int n_lanes, prefix, max_seqs, chunk, order;
     uint64_t salt;       /* the spec's text hashed: prefix keys of different specs never meet */
+    const Adapt *ad;     /* adapt: the chain, or NULL */
+    char carrier[ADAPT_MAX][192];   /* adapt: what member m's cache is made from (a full member with a scorer: P:-c) */
+    long n_switch[ADAPT_MAX], n_shortage;   /* adapt: switches into member m; those made because the pool ran short */
 } Server;
 
 /* The first turn's prompt: the chat template around system, the documents (each cut to doc_tokens tokens, decoded back
@@ -134,16 +206,76 @@ static void next_turn(Seq *q, const Model *m) {
 /* The key of lane's page for block j of ids, chained: chain[j] = kv_pool_chain(chain[j-1], block j, salt). */
 static uint64_t lane_key(uint64_t block_key, int lane) { return kv_pool_chain(block_key, NULL, 0, (uint64_t)lane + 1); }
 
-static int cache_make(Server *sv, Seq *q) {
+/* The spec text a sequence's cache is made from: the -kv spec, or under adapt: its member's carrier. */
+static const char *seq_spec(const Server *sv, int member) { return sv->ad ? sv->carrier[member] : sv->spec; }
+
+static void cache_init_spec(KVCache *c, const Server *sv, const char *text, int n_prompt) {
     char err[512];
     KVShape shape = model_kv_shape(sv->m, sv->o->ctx);
     KVSpec spec;
-    if (kv_spec_parse(&spec, sv->spec, sv->o->kvt, err, sizeof err)
-        || kv_cache_init_pool(&q->cache, &shape, &spec, &sv->pool, err, sizeof err))
-        fatal("serve: -kv %s: %s", sv->spec, err);
-    kv_set_prompt_len(&q->cache, q->n_prompt);
+    if (kv_spec_parse(&spec, text, sv->o->kvt, err, sizeof err)
+        || kv_cache_init_pool(c, &shape, &spec, (KVPool *)&sv->pool, err, sizeof err))
+        fatal("serve: -kv %s: %s", text, err);
+    kv_set_prompt_len(c, n_prompt);
+}
+
+/* The pool's occupancy now: pages held by running sequences / pages (cached pages count as free). */
+static double pool_occupancy(const Server *sv) { return (double)kv_pool_n_held(&sv->pool) / sv->pool.n_pages; }
+
+/* adapt: the member the occupancy calls for, the last whose threshold it has reached. */
+static int adapt_level(const Server *sv) {
+    double occ = 100.0 * pool_occupancy(sv);
+    int m = 0;
+    while (m + 1 < sv->ad->n && occ >= sv->ad->at[m + 1]) m++;
+    return m;
+}
+
+/* A queued sequence's cache, empty; under adapt in the member the occupancy calls for now, at least `floor`. */
+static int cache_make(Server *sv, Seq *q, int floor) {
+    if (sv->ad) {
+        int lvl = adapt_level(sv);
+        q->member = q->start_member = lvl > floor ? lvl : floor;
+        q->n_sw = 0;
+    }
+    cache_init_spec(&q->cache, sv, seq_spec(sv, sv->ad ? q->member : 0), q->n_prompt);
     q->has_cache = 1;
     return 0;
+}
+
+/* adapt: move a running sequence's cache to member `to` (kv_cache_transfer: its tokens re-encoded, the lowest keep
+ * scores dropped when the member's budget is smaller), logged in the sequence. 0, or 1 when the pool has not the
+ * pages for the move (nothing changed). */
+static int seq_switch(Server *sv, Seq *q, int to, long step, int shortage) {
+    KVCache next;
+    char err[512];
+    double occ = pool_occupancy(sv);
+    cache_init_spec(&next, sv, sv->carrier[to], q->n_prompt);
+    int rc = kv_cache_transfer(&next, &q->cache, q->fed, err, sizeof err);
+    if (rc < 0) fatal("serve: request %d: switching to '%s': %s", q->tr->id, sv->ad->spec[to], err);
+    if (rc == 1) { kv_cache_free(&next); return 1; }
+    kv_cache_free(&q->cache);
+    kv_cache_move(&q->cache, &next);
+    if (q->n_sw == q->cap_sw) {
+        q->cap_sw = q->cap_sw ? 2 * q->cap_sw : 4;
+        q->sw = realloc(q->sw, (size_t)q->cap_sw * sizeof *q->sw);
+        if (!q->sw) fatal("out of memory");
+    }
+    q->sw[q->n_sw].step = step;
+    q->sw[q->n_sw].at = q->fed;
+    q->sw[q->n_sw].member = to;
+    q->sw[q->n_sw].occ = occ;
+    q->sw[q->n_sw].shortage = shortage;
+    q->n_sw++;
+    q->member = to;
+    sv->n_switch[to]++;
+    sv->n_shortage += shortage;
+    return 0;
+}
+
+/* The tokens a sequence's cache can hold: under adapt, -c for every member (a request that full cannot hold fails,
+ * whatever member it would end in). */
+static int seq_capacity(const Server *sv, const Seq *q) {
+    return sv->ad ? sv->o->ctx : kv_capacity(&q->cache);
 }
 
 /* Prefix caching at admission (full only, a first admission): the longest run of the prompt's whole blocks, the last
@@ -219,33 +351,64 @@ static double percentile(double *v, int n, double p) {
  * tests/test_kv_pool.c) and to `full` in f32 beside it; from the prompt's last token on, at every position, KL(full ‖
  * policy) of the next-token distributions and whether their argmax agree (the figures of -m ppl). *kl and *top1 are
  * sums over the *n positions scored. */
-static void request_quality(const Model *m, const Options *o, const char *spec_text, const Seq *r, double *kl,
-                            double *top1, long *n) {
-    KVCache c[2];
-    RunState st[2];
-    const char *specs[2] = {"full", spec_text};
+static void shadow_cache(KVCache *c, const Model *m, const Options *o, const char *text, KVType kvt, int n_prompt) {
     KVShape shape = model_kv_shape(m, o->ctx);
     char err[512];
-    int V = m->config.vocab_size, np = r->n_prompt - 1;
+    KVSpec spec;
+    if (kv_spec_parse(&spec, text, kvt, err, sizeof err) || kv_cache_init(c, &shape, &spec, err, sizeof err))
+        fatal("serve: the shadow pass's '%s': %s", text, err);
+    kv_set_prompt_len(c, n_prompt);
+}
+
+/* Under adapt: the request's switches replayed on the shadow pass's policy cache, each when as many tokens are in it
+ * as when it switched serving (before position `at`), by the same move. *next: the switches done so far. */
+static void shadow_switches(KVCache *c, const Model *m, const Options *o, const Server *sv, const Seq *r, int pos,
+                            int *next) {
+    for (; *next < r->n_sw && r->sw[*next].at == pos; (*next)++) {
+        KVCache d;
+        char err[512];
+        shadow_cache(&d, m, o, sv->carrier[r->sw[*next].member], o->kvt, r->n_prompt);
+        if (kv_cache_transfer(&d, c, pos, err, sizeof err))
+            fatal("serve: the shadow pass of request %d could not switch at position %d: %s", r->tr->id, pos, err);
+        kv_cache_free(c);
+        kv_cache_move(c, &d);
+    }
+}
+
+static void request_quality(const Model *m, const Options *o, const Server *sv, const Seq *r, double *kl,
+                            double *top1, long *n, long *differ) {
+    KVCache c[2];
+    RunState st[2];
+    int V = m->config.vocab_size, np = r->n_prompt - 1, next_sw = 0;
     for (int k = 0; k < 2; k++) {
-        KVSpec spec;
-        if (kv_spec_parse(&spec, specs[k], k ? o->kvt : KV_F32, err, sizeof err)
-            || kv_cache_init(&c[k], &shape, &spec, err, sizeof err))
-            fatal("serve: the shadow pass's '%s': %s", specs[k], err);
-        kv_set_prompt_len(&c[k], r->n_prompt);
+        shadow_cache(&c[k], m, o, k ? seq_spec(sv, sv->ad ? r->start_member : 0) : "full", k ? o->kvt : KV_F32,
+                     r->n_prompt);
         if (state_init_chunk(&st[k], &m->config, PREFILL_CHUNK)) fatal("out of memory");
-        if (np > 0 && forward_prefill((Model *)m, &st[k], &c[k], r->ids.ids, (size_t)np, 0, PREFILL_CHUNK))
+    }
+    /* the prompt but its last token, the policy's cache in stretches cut where it switched */
+    if (np > 0 && forward_prefill((Model *)m, &st[0], &c[0], r->ids.ids, (size_t)np, 0, PREFILL_CHUNK))
+        fatal("serve: the shadow pass of request %d could not prefill", r->tr->id);
+    for (int p = 0; p < np;) {
+        shadow_switches(&c[1], m, o, sv, r, p, &next_sw);
+        int end = np;
+        for (int j = next_sw; j < r->n_sw; j++)
+            if (r->sw[j].at > p && r->sw[j].at < end) { end = r->sw[j].at; break; }
+        if (forward_prefill((Model *)m, &st[1], &c[1], r->ids.ids + p, (size_t)(end - p), p, PREFILL_CHUNK))
             fatal("serve: the shadow pass of request %d could not prefill", r->tr->id);
+        p = end;
     }
     *kl = *top1 = 0;
     *n = 0;
     for (int p = np; p < (int)r->ids.n; p++) {
+        shadow_switches(&c[1], m, o, sv, r, p, &next_sw);
         for (int k = 0; k < 2; k++)
             if (forward((Model *)m, &st[k], &c[k], r->ids.ids[p], p))
                 fatal("serve: the shadow pass of request %d could not feed position %d", r->tr->id, p);
         const float *a = st[0].logits, *b = st[1].logits;
         *kl += eval_kl_div(a, eval_logsumexp(a, V), b, eval_logsumexp(b, V), V);
         *top1 += sample_argmax(a, V) == sample_argmax(b, V);
+        /* one turn: the policy's argmax here is the token serving generated, or the replay is not the served cache */
+        if (r->tr->n_turns <= 1 && (size_t)(p - np) < r->out.n) *differ += sample_argmax(b, V) != r->out.ids[p - np];
         (*n)++;
     }
     for (int k = 0; k < 2; k++) { kv_cache_free(&c[k]); state_free(&st[k]); }
@@ -254,22 +417,47 @@ static void request_quality(const Model *m, const Options *o, const char *spec_t
 /* The trace, replayed once under spec. Returns 0, or 128 + signal when stopped (what ran is reported). */
 static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq *prompts, const char *spec_text,
                      size_t pool_bytes, OutFile *out, const Provenance *pv) {
-    Server sv = {m, o, spec_text, {0}, m->config.n_layers * m->config.n_kv_heads, 0, o->max_seqs, o->chunk, 0, 0};
+    Server sv = {.m = m, .o = o, .spec = spec_text, .n_lanes = m->config.n_layers * m->config.n_kv_heads,
+                 .max_seqs = o->max_seqs, .chunk = o->chunk};
     char err[512];
     KVShape shape = model_kv_shape(m, o->ctx);
     KVSpec spec;
-    if (kv_spec_parse(&spec, spec_text, o->kvt, err, sizeof err)) fatal("serve: -kv: %s", err);
-    if (kv_spec_check_mode(&spec, "serve", err, sizeof err)) fatal("serve: -kv: %s", err);
-    size_t page_bytes = (size_t)KV_POOL_PAGE_SLOTS * (kv_vector_bytes(spec.ktype, shape.head_dim)
-                                                      + kv_vector_bytes(spec.vtype, shape.head_dim));
+    Adapt ad;
+    int arc = serve_adapt_parse(spec_text, o->kvt, &ad, err, sizeof err), is_adapt = arc == 0;
+    if (arc < 0) fatal("serve: -kv: %s", err);
+    size_t page_bytes = 0;
+    for (int k = 0; k < (is_adapt ? ad.n : 1); k++) {   /* the pool's page: the largest member's 16 slots */
+        if (kv_spec_parse(&spec, is_adapt ? ad.spec[k] : spec_text, o->kvt, err, sizeof err)) fatal("serve: -kv: %s", err);
+        if (kv_spec_check_mode(&spec, "serve", err, sizeof err)) fatal("serve: -kv: %s", err);
+        size_t pb = (size_t)KV_POOL_PAGE_SLOTS * (kv_vector_bytes(spec.ktype, shape.head_dim)
+                                                  + kv_vector_bytes(spec.vtype, shape.head_dim));
+        if (pb > page_bytes) page_bytes = pb;
+    }
     if (kv_pool_init(&sv.pool, pool_bytes, page_bytes, err, sizeof err)) fatal("serve: -pool: %s", err);
-    sv.prefix = o->prefix && !strcmp(spec.name, "full");
+    sv.prefix = o->prefix && !is_adapt && !strcmp(spec.name, "full");   /* adapt: off (its members may evict) */
+    if (is_adapt) {
+        sv.ad = &ad;
+        for (int k = 0; k < ad.n; k++) {   /* each member's cache made once now, so a spec the pool refuses stops here */
+            if (ad.full[k] && ad.scorer[0]) {
+                KVSpec ms;
+                if (kv_spec_parse(&ms, ad.spec[k], o->kvt, err, sizeof err)) fatal("serve: -kv: %s", err);
+                snprintf(sv.carrier[k], sizeof sv.carrier[k], "%s:%d,ktype=%s,vtype=%s", ad.scorer, o->ctx,
+                         kv_type_names[ms.ktype], kv_type_names[ms.vtype]);
+            } else snprintf(sv.carrier[k], sizeof sv.carrier[k], "%s", ad.spec[k]);
+            KVCache trial;
+            if (kv_spec_parse(&spec, sv.carrier[k], o->kvt, err, sizeof err)
+                || kv_cache_init_pool(&trial, &shape, &spec, &sv.pool, err, sizeof err))
+                fatal("serve: -kv %s: member '%s': %s", spec_text, ad.spec[k], err);
+            kv_cache_free(&trial);
+        }
+    }
     for (const char *c = spec_text; *c; c++) sv.salt = kv_mix64(sv.salt ^ (uint8_t)*c) + 0x9E3779B97F4A7C15ull;
     int N = t->n, V = m->config.vocab_size;
     Seq *q = calloc((size_t)N, sizeof(Seq));
-    int *running = malloc((size_t)N * sizeof(int)), *waiting = malloc((size_t)N * sizeof(int));
+    int *running = malloc((size_t)N * sizeof(int)), *waiting = malloc((size_t)N * sizeof(int)),
+        *tried = malloc((size_t)N * sizeof(int));   /* adapt: running[k] could not shrink this step */
     RunState s;
-    if (!q || !running || !waiting || state_init_chunk(&s, &m->config, sv.max_seqs + sv.chunk)) fatal("out of memory");
+    if (!q || !running || !waiting || !tried || state_init_chunk(&s, &m->config, sv.max_seqs + sv.chunk)) fatal("out of memory");
     BatchSeq *batch = malloc((size_t)sv.max_seqs * sizeof(BatchSeq));
     int *tokens = malloc((size_t)(sv.max_seqs + sv.chunk) * sizeof(int)), *bi = malloc((size_t)sv.max_seqs * sizeof(int));
     if (!batch || !tokens || !bi) fatal("out of memory");
@@ -301,6 +489,13 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
             prompt_tokens += r->n_prompt;
             waiting[n_wait++] = next_arrival++;
         }
+        /* adapt: running sequences below the member the occupancy calls for switch to it (a move that does not fit
+           the pool now waits for a later step) */
+        if (sv.ad) {
+            int lvl = adapt_level(&sv);
+            for (int k = 0; k < n_run; k++)
+                if (q[running[k]].member < lvl) seq_switch(&sv, &q[running[k]], lvl, step, 0);
+        }
         /* pages the running sequences' next step may take */
         int reserve = 0;
         for (int k = 0; k < n_run; k++) {
@@ -310,12 +505,13 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
         /* admission, first come first served: the queue's head while its pending tokens' pages are there */
         while (n_wait > 0 && n_run < sv.max_seqs) {
             Seq *r = &q[waiting[0]];
-            if (!r->has_cache) cache_make(&sv, r);
+            if (r->has_cache && sv.ad && r->fed == 0 && r->member < adapt_level(&sv)) seq_release(r);
+            if (!r->has_cache) cache_make(&sv, r, 0);
             int first = r->admitted_order == 0 && r->preemptions == 0;
             int pending = (int)r->ids.n - r->fed;
-            if (r->ids.n > (size_t)kv_capacity(&r->cache)) {
+            if (r->ids.n > (size_t)seq_capacity(&sv, r)) {
                 fprintf(stderr, "serve: request %d needs %zu tokens, over the %d its cache holds under '%s' (-c): "
-                        "failed\n", r->tr->id, r->ids.n, kv_capacity(&r->cache), spec_text);
+                        "failed\n", r->tr->id, r->ids.n, seq_capacity(&sv, r), spec_text);
                 r->state = S_FAILED;
                 seq_release(r);
                 memmove(waiting, waiting + 1, (size_t)--n_wait * sizeof(int));
@@ -323,6 +519,12 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                 continue;
             }
             int need = kv_pages_needed(&r->cache, pending);
+            while (sv.ad && need > sv.pool.n_pages && r->member + 1 < sv.ad->n) {   /* adapt: a tighter member */
+                int to = r->member + 1;
+                seq_release(r);
+                cache_make(&sv, r, to);
+                need = kv_pages_needed(&r->cache, pending);
+            }
             int avail = kv_pool_n_free(&sv.pool) + kv_pool_n_cached(&sv.pool);
             if (need + reserve > avail && n_run > 0) break;
             if (need > sv.pool.n_pages) {
@@ -366,10 +568,26 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                 for (int e = 0; e < n; e++) tokens[n_tok++] = r->ids.ids[r->fed + e];
             }
         /* preemption: while the step's pages are not there, the latest admitted sequence gives its pages back */
+        for (int k = 0; k < n_run; k++) tried[k] = 0;
         for (;;) {
             int need = 0;
             for (int b = 0; b < nb; b++) need += kv_pages_needed(batch[b].cache, batch[b].n);
             if (need <= kv_pool_n_free(&sv.pool) + kv_pool_n_cached(&sv.pool)) break;
+            if (sv.ad) {   /* adapt shrinks before it preempts: the lowest member, the latest admitted, one step down */
+                int pick = -1;
+                for (int k = 0; k < n_run; k++) {
+                    Seq *c = &q[running[k]];
+                    if (c->member + 1 >= sv.ad->n || tried[k]) continue;
+                    if (pick < 0 || c->member < q[running[pick]].member
+                        || (c->member == q[running[pick]].member && c->admitted_order > q[running[pick]].admitted_order))
+                        pick = k;
+                }
+                if (pick >= 0) {
+                    Seq *c = &q[running[pick]];
+                    if (seq_switch(&sv, c, c->member + 1, step, 1)) tried[pick] = 1;
+                    continue;
+                }
+            }
             if (n_run == 1) {   /* alone and still short: the request is larger than the pool */
                 Seq *r = &q[running[0]];
                 fprintf(stderr, "serve: request %d needs more pages than the pool's %d under '%s': failed\n",
@@ -386,6 +604,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                 if (q[running[k]].admitted_order > q[running[victim]].admitted_order) victim = k;
             Seq *r = &q[running[victim]];
             seq_release(r);
+            r->n_sw = 0;   /* adapt: it starts over from the member of its next admission */
             r->fed = 0;
             r->published = 0;
             r->preemptions++;
@@ -395,6 +614,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
             waiting[0] = running[victim];
             n_wait++;
             running[victim] = running[--n_run];
+            tried[victim] = tried[n_run];
             int w = 0;   /* drop it from the batch, rebuilding the token list */
             n_tok = 0;
             for (int b = 0; b < nb; b++) {
@@ -426,7 +646,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
             if (r->out.n == 0) r->t_first = t_step;
             r->t_last = t_step;
             if (!stop) { ids_push(&r->out, next); r->out_turn++; out_tokens++; }
-            int turn_done = stop || r->out_turn >= r->tr->n_gen || (int)r->ids.n + 1 >= kv_capacity(&r->cache);
+            int turn_done = stop || r->out_turn >= r->tr->n_gen || (int)r->ids.n + 1 >= seq_capacity(&sv, r);
             if (!turn_done) { ids_push(&r->ids, next); continue; }
             if (r->turn + 1 < r->tr->n_turns) {   /* the next turn: the answer's last token, then its prompt */
                 if (!stop) ids_push(&r->ids, next);
@@ -434,7 +654,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                 r->turn++;
                 r->out_turn = 0;
                 next_turn(r, m);
-                if ((long)r->ids.n < (long)kv_capacity(&r->cache)) continue;
+                if ((long)r->ids.n < (long)seq_capacity(&sv, r)) continue;
                 r->cut = 1;   /* the next turn does not fit -c: the request ends here, its tokens those served */
                 r->ids.n = served;
             }
@@ -501,9 +721,9 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
         queue[n_ttft - 1] = r->t_admit - r->t_arrive;
         if (r->out.n > 1) tpot[n_tpot++] = tp;
         double kl = 0, top1 = 0;
-        long nq = 0;
+        long nq = 0, differ = 0;
         if (o->shadow && !run_signal) {
-            request_quality(m, o, spec_text, r, &kl, &top1, &nq);
+            request_quality(m, o, &sv, r, &kl, &top1, &nq, &differ);
             kl_sum += kl; top1_sum += top1; q_n += nq;
             char what[96];
             snprintf(what, sizeof what, "serve %s: shadow pass:", spec_text);
@@ -518,7 +738,20 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                     r->tr->id, r->tr->arrival, r->n_prompt, r->hit_tokens, r->out.n, r->tr->n_turns, r->cut ? "true" : "false",
                     r->preemptions,
                     r->t_admit - r->t_arrive, tt, r->out.n > 1 ? tp * 1e3 : 0.0);
-        if (nq) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,", nq, kl / nq, top1 / nq);
+        if (nq) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,\"shadow_differs\":%ld,", nq,
+                            kl / nq, top1 / nq, differ);
+        if (sv.ad) {   /* adapt: the member it started in, each switch */
+            line_printf(&ln, "\"member\":\"");
+            line_json_str(&ln, ad.spec[r->start_member]);
+            line_printf(&ln, "\",\"switches\":[");
+            for (int e = 0; e < r->n_sw; e++) {
+                line_printf(&ln, "%s{\"step\":%ld,\"at_token\":%d,\"to\":\"", e ? "," : "", r->sw[e].step, r->sw[e].at);
+                line_json_str(&ln, ad.spec[r->sw[e].member]);
+                line_printf(&ln, "\",\"occupancy\":%.4f,\"pool_short\":%s}", r->sw[e].occ,
+                            r->sw[e].shortage ? "true" : "false");
+            }
+            line_printf(&ln, "],");
+        }
         line_printf(&ln, "\"ids\":[");
         for (size_t e = 0; e < r->out.n; e++) line_printf(&ln, "%s%d", e ? "," : "", r->out.ids[e]);
         line_printf(&ln, "],");
@@ -537,6 +770,13 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
             100.0 * occ_at[3] / (steps_run ? steps_run : 1), mbt, wall);
     if (q_n) fprintf(stderr, " %8.5f %6.4f\n", kl_sum / q_n, top1_sum / q_n);
     else fprintf(stderr, " %8s %6s\n", "-", "-");
+    if (sv.ad) {   /* the switches, under the row */
+        long all = 0;
+        for (int k = 1; k < ad.n; k++) all += sv.n_switch[k];
+        fprintf(stderr, "  adapt: %ld switches (%ld when the pool ran short, instead of a preemption):", all, sv.n_shortage);
+        for (int k = 1; k < ad.n; k++) fprintf(stderr, "%s to %s@%d %ld", k > 1 ? "," : "", ad.spec[k], ad.at[k], sv.n_switch[k]);
+        fprintf(stderr, "\n");
+    }
     if (out->fd >= 0) {
         ln.n = 0;
         line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"run\",\"kv\":\"");
@@ -554,6 +794,15 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                     occ_at[1], occ_at[2], occ_at[3], mbt, occ.s);
         if (q_n) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,", q_n, kl_sum / q_n,
                              top1_sum / q_n);
+        if (sv.ad) {
+            line_printf(&ln, "\"switches_on_short_pool\":%ld,\"switches_to\":{", sv.n_shortage);
+            for (int k = 1; k < ad.n; k++) {
+                line_printf(&ln, "%s\"", k > 1 ? "," : "");
+                line_json_str(&ln, ad.spec[k]);
+                line_printf(&ln, "\":%ld", sv.n_switch[k]);
+            }
+            line_printf(&ln, "},");
+        }
         json_provenance_end(&ln, pv);
         outfile_line(out, &ln);
     }
@@ -561,7 +810,8 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
     line_free(&occ);
     free(ttft); free(tpot); free(queue);
     for (int i = 0; i < N; i++) { free(q[i].ids.ids); free(q[i].out.ids); }
-    free(q); free(running); free(waiting); free(batch); free(tokens); free(bi);
+    for (int i = 0; i < N; i++) free(q[i].sw);
+    free(q); free(running); free(waiting); free(tried); free(batch); free(tokens); free(bi);
     state_free(&s);
     kv_pool_free(&sv.pool);
     return rc;

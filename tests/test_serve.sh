@@ -13,8 +13,11 @@
 #    with -max-seqs 32: every request finishes, no failure; serve checks the pool's invariants after every step
 #    (kv_pool_check, the lanes' page references = the pool's) and that no page is held at the end, and exits with an
 #    error otherwise. Under KVLAB_SANITIZE (ASan + UBSan) 12 requests through a 30% pool;
+#  - adapt: two chains on a short pool (thresholds; shrinking instead of preempting): switches logged per request and
+#    counted per run, each at or above its threshold, the shadow pass replaying each request's switches reproduces its
+#    served tokens, unswitched requests have KL 0, fewer preemptions than full on the same pool;
 #  - bad input: no source of requests, two sources, -pattern with -trace, a bad -pool, a bad trace line, a spec the
-#    pool cannot page: one error line and a non-zero exit.
+#    pool cannot page, bad adapt: chains: one error line and a non-zero exit.
 # SKIPs without models/smollm2-135m-instruct.bin.
 set -u
 cd "$(dirname "$0")/.."
@@ -97,6 +100,40 @@ PY
     if [ $rc -eq 0 ] && [ "$nf" -eq 3 ] && [ "$(grep -c 'over the' "$tmp/fail.err")" -eq 3 ]; then
         pass "3 requests over -c 64 fail, each said on stderr and recorded with \"failed\":true"
     else fail "requests over -c: rc $rc, $nf failed records, $(tail -1 "$tmp/fail.err")"; fi
+    # adapt: chains switch running sequences at occupancy thresholds and, on a short pool, shrink one before any
+    # preemption; the shadow pass replays each request's switches, so its policy cache's argmax is the served token
+    # at every answer position (shadow_differs 0), which checks the move and the log against each other
+    B="$DOCS -requests 8 -lengths 64,240 -n 16 -pattern hotspot -arrival 1 -prefix 0 -pool 10%"
+    "$RUN" "$M" -m serve $B -kv adapt:full@0/q8@60/h2o:64@85 -kv adapt:full@0/h2o:48@100 -shadow 1 \
+        -o "$tmp/adapt.jsonl" 2>"$tmp/adapt.err" && "$RUN" "$M" -m serve $B -kv full -o "$tmp/adapt_full.jsonl" \
+        2>>"$tmp/adapt.err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "serve adapt: exit $rc: $(tail -2 "$tmp/adapt.err")"
+    python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def check(ok, msg): print(("PASS " if ok else "FAIL ") + msg)
+recs = [json.loads(l) for l in open(f"{tmp}/adapt.jsonl")] + [json.loads(l) for l in open(f"{tmp}/adapt_full.jsonl")]
+run = {r["kv"]: r for r in recs if r["kind"] == "run"}
+req = lambda kv: [r for r in recs if r["kind"] == "request" and r["kv"] == kv]
+a, b = "adapt:full@0/q8@60/h2o:64@85", "adapt:full@0/h2o:48@100"
+ra = req(a)
+sw = sum(len(r["switches"]) for r in ra)
+check(run[a]["finished"] == 8 and sw > 0 and sw == sum(run[a]["switches_to"].values()),
+      f"{a}: 8 requests finish, {sw} switches logged in the requests, as many as the run counts ({run[a]['switches_to']})")
+check(all(r["shadow_differs"] == 0 for r in ra + req(b)),
+      "each request's shadow replays its switches: the policy's argmax is the served token at every answer position")
+unswitched = [r for r in ra if not r["switches"] and r["member"] == "full"]
+check(all(r["kl"] == 0 for r in unswitched) and all(r["kl"] > 0 for r in ra if r["switches"]),
+      f"requests that stayed in full ({len(unswitched)}) have KL 0 to the full shadow (full is held as h2o with the "
+      "context for budget, which never evicts); every switched one has KL > 0")
+tos = [s["to"] for r in ra for s in r["switches"]]
+check(all(s["occupancy"] >= {"full,type=q8": 0.6, "h2o:64,type=q8": 0.85}[s["to"]] for r in ra for s in r["switches"]
+          if not s["pool_short"]), "each threshold switch happened at or above its member's occupancy")
+check(run[b]["switches_on_short_pool"] > 0 and run[b]["preemptions"] < run["full"]["preemptions"],
+      f"{b}: the short pool shrinks sequences ({run[b]['switches_on_short_pool']} switches) instead of preempting: "
+      f"{run[b]['preemptions']} preemptions against full's {run['full']['preemptions']} on the same pool")
+PY
     NSOAK=1000 POOL=10%
 else
     NSOAK=12 POOL=30%   # a decode step takes about 40 times as long under ASan: 150 requests took 30 minutes
@@ -126,4 +163,13 @@ done <<EOF
 -trace $tmp/bad.jsonl|bogus
 -docs $L/BSD -requests 2 -kv full,prec=f32:16/q8|not paged yet
 -docs $L/nonexistent|nonexistent
+-docs $L/BSD -kv adapt:full@10/q8@80|first member holds from occupancy 0
+-docs $L/BSD -kv adapt:full@0/q8@80/q4@70|must increase
+-docs $L/BSD -kv adapt:full@0/q8|SPEC@OCCUPANCY
+-docs $L/BSD -kv adapt:full@0/tova:64@50/h2o:64@80|one policy
+-docs $L/BSD -kv adapt:full@0/snapkv:64@50|keep score
+-docs $L/BSD -kv adapt:full@0/h2o:64,merge=1@50|merge=
 EOF
+out=$("$RUN" "$M" -m ppl -f LICENSE -kv adapt 2>&1 >/dev/null); rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q -- "-m serve only"; then pass "-m ppl -kv adapt: refused (adapt: follows a serving pool)"
+else fail "-m ppl -kv adapt: rc $rc, '$out'"; fi

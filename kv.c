@@ -557,7 +557,41 @@ static int spec_kgroup(const KVSpec *sp) {
     return sp->kgroup_channel ? (sp->kgsize ? sp->kgsize : KV_KGSIZE_DEFAULT) : 0;
 }
 
+/* alloc=ada's pages (kv.h, "Budgets over a layer's kv heads"): P, the largest power of two <= B/32 within [1, 16],
+ * so a layer's rounding costs at most H·P <= H·B/32 slots; and its own pool's pages, n_layers · (ceil(H·B/P) + H),
+ * each lane holding at most one part-filled page. */
+static int ada_page_slots(int B) {
+    int P = 1;
+    while (2 * P <= B / 32 && 2 * P <= KV_POOL_PAGE_SLOTS) P *= 2;
+    return P;
+}
+static size_t ada_pool_pages(const KVShape *s, int B, int P) {
+    return (size_t)s->n_layers * (kv_pool_pages_for(s->n_kv_heads * B, P) + s->n_kv_heads);
+}
+/* The bytes of a pool's books for n_pages pages (pool.h: ref, free stack, key, keyed, chain, LRU links; the buckets,
+ * the smallest power of two >= n_pages) and of a lane's page table for cap slots (key and value page pointers, ids). */
+static size_t pool_books_bytes(size_t n_pages) {
+    size_t buckets = 1;
+    while (buckets < n_pages) buckets *= 2;
+    return n_pages * (5 * sizeof(int) + sizeof(uint64_t) + 1) + buckets * sizeof(int);
+}
+static size_t page_table_bytes(int cap, int P) {
+    return (size_t)kv_pool_pages_for(cap, P) * (2 * sizeof(uint8_t *) + sizeof(int));
+}
+static int ada_lane_cap(const KVShape *s, int B);
+
 size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps *ops, int budget) {
+    const char *al = kv_spec_value(sp, "alloc");
+    if (al && !strcmp(al, "ada")) {   /* the cache's own pool of one storage form, lanes' metadata sized by their cap */
+        KVType kt[KV_MAX_BANDS], vt[KV_MAX_BANDS];
+        int want[KV_MAX_BANDS], P = ada_page_slots(budget), cap = ada_lane_cap(s, budget);
+        spec_bands(sp, kt, vt, want);
+        size_t pages = ada_pool_pages(s, budget, P);
+        size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
+        size_t per_lane = (size_t)cap * slot_meta_bytes(pol, 0, 0) + page_table_bytes(cap, P);
+        return pages * P * (kv_vector_bytes(kt[0], s->head_dim) + kv_vector_bytes(vt[0], s->head_dim))
+               + (size_t)s->n_layers * s->n_kv_heads * per_lane + pool_books_bytes(pages);
+    }
     int slots = ops && ops->grows ? s->seq_len : budget, want[KV_MAX_BANDS], chan[KV_MAX_BANDS], G = spec_kgroup(sp);
     KVType kt[KV_MAX_BANDS], vt[KV_MAX_BANDS];
     size_t kb[KV_MAX_BANDS], vb[KV_MAX_BANDS];
@@ -631,8 +665,7 @@ static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     if (ln->lr_fitted) b.vec_live += b.basis_bytes;
     b.meta_alloc = (size_t)ln->cap * meta;
     /* alloc=ada's own pool: the lane's page table (key and value page pointers, page ids) is its metadata too */
-    if (c->pool_owned)
-        b.meta_alloc += (size_t)kv_pool_pages_for(ln->cap, c->page_slots) * (2 * sizeof(uint8_t *) + sizeof(int));
+    if (c->pool_owned) b.meta_alloc += page_table_bytes(ln->cap, c->page_slots);
     b.meta_live = (size_t)ln->n_live * meta;
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
@@ -672,7 +705,7 @@ KVBytes kv_bytes(const KVCache *c) {
     if (c->pool_owned) {   /* alloc=ada: every page of the cache's pool is allocated, held or not, and its books */
         const KVPool *p = c->pool;
         b.vec_alloc = (size_t)p->n_pages * p->page_bytes;
-        b.meta_alloc += (size_t)p->n_pages * (5 * sizeof(int) + sizeof(uint64_t) + 1) + (size_t)p->n_buckets * sizeof(int);
+        b.meta_alloc += pool_books_bytes((size_t)p->n_pages);
     }
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
@@ -1136,15 +1169,12 @@ static int ada_lane_cap(const KVShape *s, int B) {
     return (int)(most < ctx ? most : ctx);
 }
 
-/* alloc=ada in a single run: the cache's own pool, sized for the worst case of every layer (kv.h): n_layers ·
- * (ceil(H·B/P) + H) pages of P slots, P the largest power of two <= B/32 within [1, 16], so a layer's rounding costs
- * at most H·P <= H·B/32 slots. Sets c->pool, c->pool_owned, c->page_slots. 0, or -1 + message. */
+/* alloc=ada in a single run: the cache's own pool, sized for the worst case of every layer (ada_pool_pages, pages of
+ * ada_page_slots). Sets c->pool, c->pool_owned, c->page_slots. 0, or -1 + message. */
 static int ada_pool_new(KVCache *c, char *err, size_t errlen) {
     if (paged_check(c, "alloc=ada's lanes", err, errlen)) return -1;
-    int B = c->policy.budget, H = c->shape.n_kv_heads, P = 1;
-    while (2 * P <= B / 32 && 2 * P <= KV_POOL_PAGE_SLOTS) P *= 2;
-    size_t page = (size_t)P * (c->band_kb[0] + c->band_vb[0]);
-    size_t pages = (size_t)c->shape.n_layers * (kv_pool_pages_for(H * B, P) + H);
+    int B = c->policy.budget, P = ada_page_slots(B);
+    size_t page = (size_t)P * (c->band_kb[0] + c->band_vb[0]), pages = ada_pool_pages(&c->shape, B, P);
     if (!(c->pool = calloc(1, sizeof *c->pool))) return errorf(err, errlen, "out of memory");
     c->pool_owned = 1;
     c->page_slots = P;
@@ -2373,9 +2403,14 @@ void kv_describe(const KVCache *c, char *buf, size_t len) {
     if (c->kgroup) snprintf(kgroup, sizeof kgroup, ", keys per channel in groups of %d", c->kgroup);
     if (c->krank || c->vrank)
         snprintf(lr, sizeof lr, ", krank %d vrank %d calib %d", c->krank, c->vrank, c->calib);
-    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s%s, residual %d%s%s, pos %s, agg %s%s%s",
+    char ada[128] = "";
+    if (c->ada)   /* alloc=ada: the share, the safeguard, the pages (kv.h) */
+        snprintf(ada, sizeof ada, ", alloc=ada: a layer's %d lanes share %d slots, safeguard %g (%d slots), pages of %d",
+                 c->shape.n_kv_heads, c->shape.n_kv_heads * c->policy.budget, c->ada_safeguard, c->ada_safe,
+                 c->page_slots);
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s%s, residual %d%s%s%s, pos %s, agg %s%s%s",
              c->spec.name, c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s",
-             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], kgroup, c->residual, prec, lr,
+             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], kgroup, c->residual, prec, lr, ada,
              c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast,
              c->merge_evict ? ", merge-on-evict" : "");
 }

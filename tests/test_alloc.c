@@ -387,6 +387,13 @@ int main(void) {
         CHECK(rc == -1 && strstr(err, "alloc=ada"), "an alloc=ada cache is not cloned: %s", err);
         CHECK(ac.page_slots == 2 && ac.lanes[0].cap == 200, "h2o:100,alloc=ada: pages of %d slots (the largest power "
               "of two <= 100/32), lanes of %d slots (H x B)", ac.page_slots, ac.lanes[0].cap);
+        size_t at = kv_alloc_bytes_for(&s, &ac.spec, ac.policy.ops, ac.policy.budget);
+        CHECK(at == kv_bytes(&ac).total_alloc, "h2o:100,alloc=ada: kv_alloc_bytes_for (%zu B) = kv_bytes' allocated "
+              "(%zu B)", at, kv_bytes(&ac).total_alloc);
+        char line[512];
+        kv_describe(&ac, line, sizeof line);
+        CHECK(strstr(line, "alloc=ada: a layer's 2 lanes share 200 slots, safeguard 0.2 (20 slots), pages of 2") != NULL,
+              "kv_describe says alloc=ada's share, safeguard and pages: %s", line);
         kv_cache_free(&ac);
     }
 

@@ -635,6 +635,12 @@ static int geo_of(Geo *g, const KVCache *c, char *err, size_t errlen) {
                  c->spec.text);
         return -1;
     }
+    if (c->pool) {   /* a paged lane moves slots down when it gives a page back (kv.c, lane_shed_pages), untold */
+        snprintf(err, errlen, "'%s' is not on the CUDA path yet: its lanes are paged (%s) and move slots when they give "
+                 "pages back, which the mirror is not told; run it with -d cpu", c->spec.text,
+                 c->ada ? "alloc=ada" : "a serving pool");
+        return -1;
+    }
     if (c->kgroup) {
         snprintf(err, errlen, "'%s' is not on the CUDA path yet: the mirror stores keys per token, not per channel "
                  "(kgroup=channel); run it with -d cpu", c->spec.text);

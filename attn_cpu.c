@@ -394,9 +394,19 @@ static int chunk_room(const KVCache *c, int l, int t) {
         || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank)
         return 0;
     int room = ops->select ? c->policy.prompt_len - t : c->budget;   /* up to the prompt's end */
-    for (int g = 0; g < c->shape.n_kv_heads; g++) {
-        const KVLane *ln = &c->lanes[l * c->shape.n_kv_heads + g];
+    int H = c->shape.n_kv_heads, total = 0;
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &c->lanes[l * H + g];
         int r = ln->cap - ln->n_live;
+        room = r < room ? r : room;
+        total += ln->n_live;
+    }
+    /* alloc=ada frees slots layer-wide once the layer's lanes hold more than H·B - H (kv.h): token u of the chunk
+       (from 0) frees none while total + (u + 1)·H <= H·B. Past that every token goes through kv_append and
+       kv_attend_cpu one at a time, the layer-wide choice made from the keep scores after the previous token's step 4,
+       exactly as at -chunk 1, so any chunking gives the same bits. */
+    if (c->ada) {
+        int r = (H * c->policy.budget - total) / H;
         room = r < room ? r : room;
     }
     return room;

@@ -142,7 +142,7 @@ void usage(FILE *f) {
                "budget: tokens per lane (1024) or bytes for the whole cache (64MiB, 512KiB)\n"
                "keys of every policy (a few pairs are refused: -h policies): type|ktype|vtype=f32|f16|bf16|q8|q4|q2, residual=R, prec|kprec|vprec=T:N/.../T, "
                "pos=orig|cache, agg=mean|max, fast=BYTES|P%%, prefetch=0|1, kgroup=token|channel, kgsize=G, "
-               "rank|krank|vrank=R, calib=N, alloc=uniform|pyramid; of every eviction policy: merge=0|1\n"
+               "rank|krank|vrank=R, calib=N, alloc=uniform|pyramid|ada, safeguard=A (alloc=ada); of every eviction policy: merge=0|1\n"
                "threads: OMP_NUM_THREADS (see README, Threads)\n", kv_policy_names());
 }
 
@@ -194,9 +194,13 @@ void usage_policies(FILE *f) {
                "                            fitted (Jacobi eigenvectors of their second moment) on the first calib\n"
                "                            tokens, full rank until then; rank= both, krank=/vrank= apart; R <= head_dim\n"
                "  calib=N                   with a rank: the tokens the basis is fitted on, default 512 (clipped to -c)\n"
-               "  alloc=uniform|pyramid     how an eviction policy's budget B is split over lanes: uniform (default,\n"
-               "                            every lane B) or pyramid (PyramidKV: layer 0 2B - B/20 slots down to B/20 at\n"
-               "                            the top, linear, the mean B); ada (Ada-KV) is not built yet\n"
+               "  alloc=uniform|pyramid|ada how an eviction policy's budget B is split over lanes: uniform (default,\n"
+               "                            every lane B), pyramid (PyramidKV: layer 0 2B - B/20 slots down to B/20 at\n"
+               "                            the top, linear, the mean B) or ada (Ada-KV: a layer's H kv heads share H x B\n"
+               "                            slots, the lowest keep scores of the layer freed first; window, sink, h2o,\n"
+               "                            tova; lanes paged from the cache's own pool; a budget in tokens)\n"
+               "  safeguard=A               alloc=ada: each kv head's A x B best-scored slots are never freed for another\n"
+               "                            head, A in [0, 1), default 0.2 (Ada-KV's safeguard)\n"
                "  (not every pair combines yet: kgroup=channel takes no merging, selection, fast= or rank; a rank takes\n"
                "  no prec=, residual=, merging or fast=; the CUDA attention takes neither, nor merge=1; a refused one says why)\n"
                "\nkeys every eviction policy takes (");

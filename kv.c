@@ -165,7 +165,7 @@ int kv_parse_bytes(const char *s, size_t *bytes) {
 
 #define TYPE_CHOICES "f32, f16, bf16, q8, q4, q2"
 #define COMMON_KEYS "type, ktype, vtype, residual, prec, kprec, vprec, pos, agg, fast, prefetch, kgroup, kgsize, rank, " \
-                    "krank, vrank, calib, alloc"
+                    "krank, vrank, calib, alloc, safeguard (alloc=ada)"
 
 /* fast=BYTES ("64MiB", "512KiB", "4096B", "4096") or fast=P% (0 < P <= 100, of the cache's vector bytes). 0, or -1. */
 static int parse_fast(KVSpec *sp, const char *val) {
@@ -557,7 +557,41 @@ static int spec_kgroup(const KVSpec *sp) {
     return sp->kgroup_channel ? (sp->kgsize ? sp->kgsize : KV_KGSIZE_DEFAULT) : 0;
 }
 
+/* alloc=ada's pages (kv.h, "Budgets over a layer's kv heads"): P, the largest power of two <= B/32 within [1, 16],
+ * so a layer's rounding costs at most H·P <= H·B/32 slots; and its own pool's pages, n_layers · (ceil(H·B/P) + H),
+ * each lane holding at most one part-filled page. */
+static int ada_page_slots(int B) {
+    int P = 1;
+    while (2 * P <= B / 32 && 2 * P <= KV_POOL_PAGE_SLOTS) P *= 2;
+    return P;
+}
+static size_t ada_pool_pages(const KVShape *s, int B, int P) {
+    return (size_t)s->n_layers * (kv_pool_pages_for(s->n_kv_heads * B, P) + s->n_kv_heads);
+}
+/* The bytes of a pool's books for n_pages pages (pool.h: ref, free stack, key, keyed, chain, LRU links; the buckets,
+ * the smallest power of two >= n_pages) and of a lane's page table for cap slots (key and value page pointers, ids). */
+static size_t pool_books_bytes(size_t n_pages) {
+    size_t buckets = 1;
+    while (buckets < n_pages) buckets *= 2;
+    return n_pages * (5 * sizeof(int) + sizeof(uint64_t) + 1) + buckets * sizeof(int);
+}
+static size_t page_table_bytes(int cap, int P) {
+    return (size_t)kv_pool_pages_for(cap, P) * (2 * sizeof(uint8_t *) + sizeof(int));
+}
+static int ada_lane_cap(const KVShape *s, int B);
+
 size_t kv_alloc_bytes_for(const KVShape *s, const KVSpec *sp, const KVPolicyOps *ops, int budget) {
+    const char *al = kv_spec_value(sp, "alloc");
+    if (al && !strcmp(al, "ada")) {   /* the cache's own pool of one storage form, lanes' metadata sized by their cap */
+        KVType kt[KV_MAX_BANDS], vt[KV_MAX_BANDS];
+        int want[KV_MAX_BANDS], P = ada_page_slots(budget), cap = ada_lane_cap(s, budget);
+        spec_bands(sp, kt, vt, want);
+        size_t pages = ada_pool_pages(s, budget, P);
+        size_t pol = ops && ops->meta_bytes_per_slot ? ops->meta_bytes_per_slot(sp, budget) : 0;
+        size_t per_lane = (size_t)cap * slot_meta_bytes(pol, 0, 0) + page_table_bytes(cap, P);
+        return pages * P * (kv_vector_bytes(kt[0], s->head_dim) + kv_vector_bytes(vt[0], s->head_dim))
+               + (size_t)s->n_layers * s->n_kv_heads * per_lane + pool_books_bytes(pages);
+    }
     int slots = ops && ops->grows ? s->seq_len : budget, want[KV_MAX_BANDS], chan[KV_MAX_BANDS], G = spec_kgroup(sp);
     KVType kt[KV_MAX_BANDS], vt[KV_MAX_BANDS];
     size_t kb[KV_MAX_BANDS], vb[KV_MAX_BANDS];
@@ -630,13 +664,16 @@ static KVBytes lane_bytes(const KVCache *c, const KVLane *ln) {
     b.vec_alloc += b.basis_bytes + b.stage_bytes;
     if (ln->lr_fitted) b.vec_live += b.basis_bytes;
     b.meta_alloc = (size_t)ln->cap * meta;
+    /* alloc=ada's own pool: the lane's page table (key and value page pointers, page ids) is its metadata too */
+    if (c->pool_owned) b.meta_alloc += page_table_bytes(ln->cap, c->page_slots);
     b.meta_live = (size_t)ln->n_live * meta;
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
     /* bytes per element of the base (last band's) types: f32 4, f16/bf16 2, q8 1, q4 0.5, q2 0.25; in eighths,
-       integral */
+       integral; alloc=ada's lanes share B each on average, the slots people quote */
     static const int eighths[KV_NTYPES] = {32, 16, 16, 8, 4, 2};
-    b.formula_alloc = (size_t)c->shape.head_dim * ln->cap * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
+    int quoted = c->ada ? c->policy.budget : ln->cap;
+    b.formula_alloc = (size_t)c->shape.head_dim * quoted * (eighths[c->spec.ktype] + eighths[c->spec.vtype]) / 8;
     return b;
 }
 
@@ -664,6 +701,11 @@ KVBytes kv_bytes(const KVCache *c) {
         b.meta_alloc += x.meta_alloc; b.meta_live += x.meta_live;
         b.formula_alloc += x.formula_alloc;
         b.basis_bytes += x.basis_bytes; b.stage_bytes += x.stage_bytes;
+    }
+    if (c->pool_owned) {   /* alloc=ada: every page of the cache's pool is allocated, held or not, and its books */
+        const KVPool *p = c->pool;
+        b.vec_alloc = (size_t)p->n_pages * p->page_bytes;
+        b.meta_alloc += pool_books_bytes((size_t)p->n_pages);
     }
     b.total_alloc = b.vec_alloc + b.meta_alloc;
     b.total_live = b.vec_live + b.meta_live;
@@ -1056,15 +1098,22 @@ int kv_cache_init_pool(KVCache *c, const KVShape *shape, const KVSpec *spec, KVP
     return cache_init(c, shape, spec, NULL, 1, pool, err, errlen);
 }
 
-/* 0, or -1 + message when a spec cannot keep its lanes in a pool's pages (kv_cache_init_pool says which cannot yet);
- * sets c->page_slots. */
-static int pool_check(KVCache *c, KVPool *pool, char *err, size_t errlen) {
+/* 0, or -1 + message when a spec cannot keep its lanes in pages (kv_cache_init_pool says which cannot yet); `who`
+ * names the lanes for the message. */
+static int paged_check(const KVCache *c, const char *who, char *err, size_t errlen) {
     const char *why = c->n_bands > 1 ? "several precision bands (prec=, residual=)"
                     : c->kgroup ? "per-channel keys (kgroup=channel)"
                     : c->krank || c->vrank ? "low rank (rank=, krank=, vrank=)"
                     : c->spec.fast_bytes || c->spec.fast_frac > 0 ? "memory tiers (fast=)" : NULL;
-    if (why) return errorf(err, errlen, "'%s': a serving pool's lanes hold one storage form in pages; %s are not "
-                           "paged yet", c->spec.text, why);
+    if (why) return errorf(err, errlen, "'%s': %s hold one storage form in pages; %s are not paged yet", c->spec.text,
+                           who, why);
+    return 0;
+}
+
+/* 0, or -1 + message when a spec cannot keep its lanes in a serving pool's pages; sets c->page_slots. */
+static int pool_check(KVCache *c, KVPool *pool, char *err, size_t errlen) {
+    if (paged_check(c, c->ada ? "alloc=ada's lanes (paged, here from the serving pool)" : "a serving pool's lanes",
+                    err, errlen)) return -1;
     size_t pair = c->band_kb[0] + c->band_vb[0];
     int P = 1;
     while ((size_t)(2 * P) * pair <= pool->page_bytes && 2 * P <= (1 << 20)) P *= 2;
@@ -1072,6 +1121,64 @@ static int pool_check(KVCache *c, KVPool *pool, char *err, size_t errlen) {
         return errorf(err, errlen, "'%s': one slot of a lane (%zu B of key and value) does not fit the pool's page of "
                       "%zu B", c->spec.text, pair, pool->page_bytes);
     c->page_slots = P;
+    return 0;
+}
+
+/* alloc=ada's spec (kv.h, "Budgets over a layer's kv heads"): 0, or -1 + a message naming alloc=ada when the policy or
+ * the spec cannot share a layer's slots; reads safeguard= (refused without alloc=ada) into c->ada_safeguard and
+ * c->ada_safe. What paged lanes refuse (prec=, kgroup=, rank=, fast=) is said later, by paged_check. */
+static int ada_check(KVCache *c, const KVPolicyOps *ops, const int *caps, char *err, size_t errlen) {
+    const char *sg = kv_spec_get(&c->spec, "safeguard"), *t = c->spec.text, *name = c->spec.name;
+    if (!c->ada)
+        return sg ? errorf(err, errlen, "'%s': safeguard= is alloc=ada's share of the budget every kv head keeps; it "
+                           "takes alloc=ada (%s:256,alloc=ada,safeguard=0.2)", t, name) : 0;
+    if (!ops->evicts || !ops->keep_score || ops->merge) {
+        char names[160] = "";
+        for (int i = 0; kv_policy_at(i); i++)
+            if (kv_policy_at(i)->evicts && kv_policy_at(i)->keep_score && !kv_policy_at(i)->merge)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", *names ? ", " : "",
+                         kv_policy_at(i)->name);
+        return errorf(err, errlen, "'%s': alloc=ada frees the lowest keep scores of a layer's kv heads together, and "
+                      "%s %s; it takes the eviction policies that score their slots: %s", t, name,
+                      !ops->evicts ? "does not evict (its lanes hold every token up to -c)"
+                      : ops->merge ? "merges instead of evicting" : "gives no keep score", names);
+    }
+    if (c->spec.budget_bytes)
+        return errorf(err, errlen, "'%s': give alloc=ada's budget in tokens (%s:256,alloc=ada): its lanes are paged "
+                      "from a pool sized by the budget, and a byte budget is not resolved over that pool", t, name);
+    if (!c->spec.budget)
+        return errorf(err, errlen, "'%s': alloc=ada shares a budget in tokens among a layer's kv heads; give one "
+                      "(%s:256,alloc=ada)", t, name);
+    if (c->merge_evict)
+        return errorf(err, errlen, "'%s': alloc=ada does not combine with merge=1: a layer-wide eviction shrinks a "
+                      "lane, and merge-on-evict would keep its victims inside it", t);
+    if (caps)
+        return errorf(err, errlen, "'%s': alloc=ada sizes its lanes itself (each may take its layer's H x budget), so "
+                      "it takes no ragged lanes", t);
+    c->ada_safeguard = 0.2;
+    if (sg && (parse_float(sg, 0, 1, &c->ada_safeguard) || !(c->ada_safeguard < 1)))
+        return errorf(err, errlen, "bad safeguard=%s in '%s': the share of the budget each kv head keeps under "
+                      "alloc=ada, a number in [0, 1)", sg, t);
+    c->ada_safe = (int)floor(c->ada_safeguard * c->spec.budget);
+    return 0;
+}
+
+/* alloc=ada: a lane's cap, min(-c, H·B) slots (never below B, as a uniform lane's). */
+static int ada_lane_cap(const KVShape *s, int B) {
+    long most = (long)s->n_kv_heads * B, ctx = s->seq_len > B ? s->seq_len : B;
+    return (int)(most < ctx ? most : ctx);
+}
+
+/* alloc=ada in a single run: the cache's own pool, sized for the worst case of every layer (ada_pool_pages, pages of
+ * ada_page_slots). Sets c->pool, c->pool_owned, c->page_slots. 0, or -1 + message. */
+static int ada_pool_new(KVCache *c, char *err, size_t errlen) {
+    if (paged_check(c, "alloc=ada's lanes", err, errlen)) return -1;
+    int B = c->policy.budget, P = ada_page_slots(B);
+    size_t page = (size_t)P * (c->band_kb[0] + c->band_vb[0]), pages = ada_pool_pages(&c->shape, B, P);
+    if (!(c->pool = calloc(1, sizeof *c->pool))) return errorf(err, errlen, "out of memory");
+    c->pool_owned = 1;
+    c->page_slots = P;
+    if (kv_pool_init(c->pool, pages * page, page, err, errlen)) return -1;
     return 0;
 }
 
@@ -1089,13 +1196,12 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
         return errorf(err, errlen, "head_dim %d is odd: RoPE needs pairs", shape->head_dim);
     if (spec_merge(c, ops, err, errlen)) return -1;
     const char *al = kv_spec_get(&c->spec, "alloc");
-    if (al && !strcmp(al, "ada"))
-        return errorf(err, errlen, "'%s': alloc=ada (Ada-KV: slots moved between a layer's kv heads by the policy's "
-                      "scores) is not built yet: its lanes must grow and shrink; alloc=uniform (the default) or "
-                      "pyramid", spec->text);
-    if (al && strcmp(al, "uniform") && strcmp(al, "pyramid"))
+    if (al && strcmp(al, "uniform") && strcmp(al, "pyramid") && strcmp(al, "ada"))
         return errorf(err, errlen, "unknown alloc=%s in '%s'; choices: uniform (every lane the budget), pyramid "
-                      "(PyramidKV: more slots for lower layers)", al, spec->text);
+                      "(PyramidKV: more slots for lower layers), ada (Ada-KV: a layer's slots go to the kv heads "
+                      "whose scores need them)", al, spec->text);
+    c->ada = al && !strcmp(al, "ada");
+    if (ada_check(c, ops, caps, err, errlen)) return -1;
     if (al && !strcmp(al, "pyramid") && (!caps || pool))
         return errorf(err, errlen, "'%s': alloc=pyramid makes ragged lanes, which %s", spec->text,
                       pool ? "a serving pool does not page yet" : "kv_cache_init_lanes sizes");
@@ -1137,6 +1243,7 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
        selection policy's lanes hold every token up to -c whatever it reads (a budget above -c reads them all) */
     int n_lanes = shape->n_layers * shape->n_kv_heads;
     int slots = ops->select ? shape->seq_len : ops->grows ? (shape->seq_len > budget ? shape->seq_len : budget) : budget;
+    if (c->ada) slots = ada_lane_cap(shape, budget);   /* a lane may take its layer's share (kv.h) */
     if (spec->residual > slots && slots == budget)
         return errorf(err, errlen, "residual=%d in '%s' exceeds the budget of %d tokens (residual tokens are part of "
                       "it)", spec->residual, spec->text, budget);
@@ -1218,7 +1325,7 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
     if (pool) {
         c->pool = pool;
         if (pool_check(c, pool, err, errlen)) { kv_cache_free(c); return -1; }
-    }
+    } else if (c->ada && ada_pool_new(c, err, errlen)) { kv_cache_free(c); return -1; }
     c->k_bytes = c->band_kb[c->n_bands - 1];
     c->v_bytes = c->band_vb[c->n_bands - 1];
     /* one arena for every lane; calloc: large arenas come zeroed from the kernel page by page, so a cache costs
@@ -1246,10 +1353,18 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
     if (G) c->kgbuf = malloc((size_t)G * hd * sizeof(float));
     if (spec->pos == POS_CACHE) c->rope_cs = calloc((size_t)B * hd, sizeof(float));
     c->rope_t = calloc((size_t)hd, sizeof(float));
+    int H = shape->n_kv_heads;
+    if (c->ada) {
+        c->ada_score = calloc((size_t)H * B, sizeof(double));
+        c->ada_taken = calloc((size_t)H * B, 1);
+        c->ada_rank = calloc((size_t)H * H, sizeof(int));
+        c->ada_vscore = calloc((size_t)H * H, sizeof(double));
+    }
     c->rope_t_pos = -1;
     if (!c->arena || !c->lanes || !c->scores || !c->agg || !c->mean || !c->kbuf || !c->vbuf || !c->qbuf
         || !c->vptr || !c->vrow || !c->vrow_type || !c->victim_buf || !c->run_buf || !c->score_buf || !c->sel_score || !c->read_rank
-        || !c->read_n || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t || (G && !c->kgbuf)) {
+        || !c->read_n || (spec->pos == POS_CACHE && !c->rope_cs) || !c->rope_t || (G && !c->kgbuf)
+        || (c->ada && (!c->ada_score || !c->ada_taken || !c->ada_rank || !c->ada_vscore))) {
         size_t want = c->arena_bytes;
         kv_cache_free(c);
         return errorf(err, errlen, "cannot allocate the KV cache of '%s': %d slot%s per lane x %d lanes = %.2f GiB; "
@@ -1320,6 +1435,8 @@ void kv_cache_reset(KVCache *c) {
 void kv_cache_free(KVCache *c) {
     if (c->pool && c->lanes)
         for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++) lane_release_pages(c, &c->lanes[i]);
+    if (c->pool_owned) { kv_pool_free(c->pool); free(c->pool); }
+    free(c->ada_score); free(c->ada_taken); free(c->ada_rank); free(c->ada_vscore);
     if (c->policy.ops && c->policy.ops->free) c->policy.ops->free(&c->policy);
     else free(c->policy.state);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
@@ -1335,7 +1452,9 @@ void kv_cache_free(KVCache *c) {
 int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen) {
     if (src->device || dst->device || dst->on_slot)
         return errorf(err, errlen, "kv: a cache with a device mirror cannot be cloned or restored");
-    if (src->pool || dst->pool) return errorf(err, errlen, "kv: a pool cache cannot be cloned or restored yet");
+    if (src->pool || dst->pool)
+        return errorf(err, errlen, "kv: '%s' keeps its lanes in pages (%s), which cannot be cloned or restored yet",
+                      src->spec.text, src->pool_owned || dst->pool_owned ? "alloc=ada" : "a serving pool");
     int n_lanes = src->shape.n_layers * src->shape.n_kv_heads;
     if (strcmp(dst->spec.text, src->spec.text) || dst->arena_bytes != src->arena_bytes || dst->budget != src->budget
         || dst->policy.state_bytes != src->policy.state_bytes
@@ -1383,7 +1502,9 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
 
 int kv_cache_clone(KVCache *dst, const KVCache *src, char *err, size_t errlen) {
     if (src->device) return errorf(err, errlen, "kv: a cache with a device mirror cannot be cloned");
-    if (src->pool) return errorf(err, errlen, "kv: a pool cache cannot be cloned yet (its pages would be shared)");
+    if (src->pool)
+        return errorf(err, errlen, "kv: '%s' keeps its lanes in pages (%s), which cannot be cloned yet (its pages "
+                      "would be shared)", src->spec.text, src->pool_owned ? "alloc=ada" : "a serving pool");
     int n_lanes = src->shape.n_layers * src->shape.n_kv_heads, *caps = malloc((size_t)n_lanes * sizeof(int));
     if (!caps) return errorf(err, errlen, "out of memory");
     for (int i = 0; i < n_lanes; i++) caps[i] = src->lanes[i].cap;
@@ -1829,13 +1950,21 @@ static void lane_shed_pages(KVCache *c, KVLane *ln) {
 }
 
 int kv_pages_needed(const KVCache *c, int n) {
-    if (!c->pool) return 0;
-    int need = 0;
-    for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++) {
-        const KVLane *ln = &c->lanes[i];
-        int slots = ln->n_live + n < ln->cap ? ln->n_live + n : ln->cap;
-        int more = kv_pool_pages_for(slots, c->page_slots) - ln->n_pages;
-        need += more > 0 ? more : 0;
+    if (!c->pool || c->pool_owned) return 0;
+    int need = 0, H = c->shape.n_kv_heads, P = c->page_slots;
+    /* alloc=ada: a layer's lanes hold ceil(H·B/P) + H pages at most together (kv.h), whatever each may grow to */
+    int layer_most = c->ada ? kv_pool_pages_for(H * c->policy.budget, P) + H : INT_MAX;
+    for (int l = 0; l < c->shape.n_layers; l++) {
+        int lanes_more = 0, held = 0;
+        for (int g = 0; g < H; g++) {
+            const KVLane *ln = &c->lanes[l * H + g];
+            int slots = ln->n_live + n < ln->cap ? ln->n_live + n : ln->cap;
+            int more = kv_pool_pages_for(slots, P) - ln->n_pages;
+            lanes_more += more > 0 ? more : 0;
+            held += ln->n_pages;
+        }
+        int layer_more = layer_most == INT_MAX ? INT_MAX : layer_most - held > 0 ? layer_most - held : 0;
+        need += lanes_more < layer_more ? lanes_more : layer_more;
     }
     return need;
 }
@@ -2006,6 +2135,70 @@ void kv_cache_move(KVCache *dst, KVCache *src) {
     memset(src, 0, sizeof *src);
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * alloc=ada (kv.h, "Budgets over a layer's kv heads"; Ada-KV, Feng et al. 2024, arXiv:2407.11550, §3): step 1 for
+ * a whole layer, before any of its lanes stores the token at t.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* If the layer's lanes hold more than H·B - H live slots, free the Σ n_live + H - H·B with the lowest keep scores
+ * over the layer (ties: the oldest position, then the lowest kv head), never a +INFINITY one nor one of a lane's
+ * ada_safe highest-scored ranks (the safeguard), each lane's victims through lane_evict (so -kvlog reports each with
+ * its keep score, as a policy's own eviction is). Each choice scans every candidate of the layer: at most H victims
+ * a step (the layer holds at most H·B before it), so O(H · H·B) a step, small beside attention's reads. 0, or -1
+ * when too few candidates remain (a policy that protects more than its budget: its init refuses that). */
+static int ada_evict(KVCache *c, int l, int t) {
+    const KVPolicyOps *ops = c->policy.ops;
+    int H = c->shape.n_kv_heads, B = c->policy.budget, S = c->budget, total = 0;
+    KVLane *lanes = &c->lanes[l * H];
+    for (int g = 0; g < H; g++) total += lanes[g].n_live;
+    int need = total + H - H * B;
+    if (need <= 0) return 0;
+    if (need > H) {   /* each step stores H and frees down to H·B - H first, so a layer never holds more: a kv.c bug */
+        fprintf(stderr, "kv: alloc=ada: layer %d holds %d live slots, over its %d\n", l, total, H * B);
+        abort();
+    }
+    int left[H], n_vict[H];   /* ranks each lane may still give; ranks chosen in each */
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &lanes[g];
+        double *sc = c->ada_score + (size_t)g * S;
+        ops->keep_score(&c->policy, l * H + g, ln, t, sc);
+        int n_inf = 0;
+        for (int i = 0; i < ln->n_live; i++) n_inf += sc[i] == INFINITY;
+        /* the safeguard's ada_safe best ranks include every protected one when there are more of them */
+        int kept = n_inf > c->ada_safe ? n_inf : c->ada_safe;
+        left[g] = ln->n_live > kept ? ln->n_live - kept : 0;
+        n_vict[g] = 0;
+        memset(c->ada_taken + (size_t)g * S, 0, (size_t)ln->n_live);
+    }
+    for (int j = 0; j < need; j++) {
+        int bg = -1, bi = -1, bpos = 0;
+        double bs = 0;
+        for (int g = 0; g < H; g++) {   /* in increasing g and rank, so a strict comparison breaks ties as said */
+            if (left[g] == 0) continue;
+            const double *sc = c->ada_score + (size_t)g * S;
+            const uint8_t *taken = c->ada_taken + (size_t)g * S;
+            for (int i = 0; i < lanes[g].n_live; i++) {
+                if (taken[i] || sc[i] == INFINITY) continue;
+                int pos = kv_rank_pos(&lanes[g], i);
+                if (bg < 0 || sc[i] < bs || (sc[i] == bs && pos < bpos)) { bg = g; bi = i; bs = sc[i]; bpos = pos; }
+            }
+        }
+        if (bg < 0) {
+            fprintf(stderr, "kv: alloc=ada: layer %d holds %d live slots at position %d and every one is protected "
+                    "(+INFINITY or the safeguard's): none can be freed\n", l, total, t);
+            return -1;
+        }
+        c->ada_taken[(size_t)bg * S + bi] = 1;
+        left[bg]--;
+        c->ada_rank[bg * H + n_vict[bg]] = bi;
+        c->ada_vscore[bg * H + n_vict[bg]] = bs;
+        n_vict[bg]++;
+    }
+    for (int g = 0; g < H; g++)
+        if (n_vict[g]) lane_evict(c, l, g, &lanes[g], c->ada_rank + g * H, c->ada_vscore + g * H, n_vict[g], t);
+    return 0;
+}
+
 int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
     const KVShape *s = &c->shape;
     const KVPolicyOps *ops = c->policy.ops;
@@ -2015,6 +2208,8 @@ int kv_append(KVCache *c, int l, int t, const float *k, const float *v) {
         fprintf(stderr, "kv: out of memory for the low-rank rotation table at position %d\n", t);
         exit(EXIT_FAILURE);
     }
+    /* step 1 of alloc=ada: the layer's lanes shrink together, by their keep scores, before any of them stores */
+    if (c->ada && ada_evict(c, l, t)) return -1;
     for (int g = 0; g < s->n_kv_heads; g++) {
         int lane = l * s->n_kv_heads + g;
         KVLane *ln = &c->lanes[lane];
@@ -2325,9 +2520,14 @@ void kv_describe(const KVCache *c, char *buf, size_t len) {
     if (c->kgroup) snprintf(kgroup, sizeof kgroup, ", keys per channel in groups of %d", c->kgroup);
     if (c->krank || c->vrank)
         snprintf(lr, sizeof lr, ", krank %d vrank %d calib %d", c->krank, c->vrank, c->calib);
-    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s%s, residual %d%s%s, pos %s, agg %s%s%s",
+    char ada[128] = "";
+    if (c->ada)   /* alloc=ada: the share, the safeguard, the pages (kv.h) */
+        snprintf(ada, sizeof ada, ", alloc=ada: a layer's %d lanes share %d slots, safeguard %g (%d slots), pages of %d",
+                 c->shape.n_kv_heads, c->shape.n_kv_heads * c->policy.budget, c->ada_safeguard, c->ada_safe,
+                 c->page_slots);
+    snprintf(buf, len, "%s budget %d%s%s, %d slot%s per lane, k %s v %s%s, residual %d%s%s%s, pos %s, agg %s%s%s",
              c->spec.name, c->policy.budget, *pol ? " " : "", pol, c->budget, c->budget == 1 ? "" : "s",
-             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], kgroup, c->residual, prec, lr,
+             kv_type_names[c->spec.ktype], kv_type_names[c->spec.vtype], kgroup, c->residual, prec, lr, ada,
              c->spec.pos == POS_CACHE ? "cache" : "orig", c->spec.agg == AGG_MAX ? "max" : "mean", fast,
              c->merge_evict ? ", merge-on-evict" : "");
 }

@@ -112,10 +112,34 @@
  * Aggregation (agg=): the ranking policies (h2o, tova, snapkv) score with the group's mean or max probability;
  * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (docs/DESIGN.md), so agg= does not change them.
  *
+ * Budgets over a layer's kv heads (alloc=ada; Ada-KV, Feng et al. 2024, "Ada-KV: Optimizing KV Cache Eviction by
+ * Adaptive Budget Allocation for Efficient LLM Inference", arXiv:2407.11550, §3: the slots of a layer go to the heads
+ * whose attention needs them, by ranking the policy's scores of every head together). The budget B stays the mean
+ * per lane: the H = n_kv_heads lanes of a layer hold at most H·B slots together, each lane up to min(-c, H·B) (one
+ * head may take the others' share). The rule, at step 1 of the token at pos_now in layer l, before any lane stores:
+ * if Σ_g n_live(l, g) + H > H·B, the layer frees the Σ_g n_live + H − H·B live slots with the lowest keep scores
+ * (KVPolicyOps.keep_score) over all H lanes, ties to the oldest position, then the lowest kv head, never a +INFINITY
+ * one: that is the moment a lane shrinks. The safeguard (safeguard=A, default 0.2): each lane's ⌊A·B⌋ highest-scored
+ * ranks (ties: the newest) are not candidates, so no head is squeezed below that share by the others; A in [0, 1),
+ * 0 turns it off. The safeguard is not in the allocation rule of the paper's §3; Ada-KV's released implementations add
+ * it, as a fraction α of the budget each head keeps: the authors' first code gives each head α·B plus (1 − α) of its
+ * top-k share (α = 0.5 in its example configuration), the later head-wise implementation the authors reviewed keeps
+ * each head's ⌊α·B⌋ best tokens before the layer-wide ranking (α = 0.2 by default), which is the form taken here.
+ * Ada-KV allocates once, when the prompt is compressed; kvlab applies the ranking at every decode step. The per-lane
+ * evict verb still fires if a lane reaches its own cap (a stream past -c). In steady state a layer holds H·B live
+ * slots, as uniform lanes do.
+ * Memory follows the split: the lanes are paged (as a serving pool's, below) from a pool the cache owns, of
+ * n_layers · (ceil(H·B/P) + H) pages of P slots (each lane may hold one part-filled page), P the largest power of two
+ * <= B/32 (at least 1, at most 16), so rounding wastes at most H·P <= H·B/32 slots a layer. Each lane's metadata
+ * (positions, live and free lists, policy data, page table) is sized by its cap, H·B. With kv_cache_init_pool the
+ * pages come from the serving pool instead. Refused: a policy without keep_score or that does not evict, a byte
+ * budget, merge=1, ragged caps, and what paged lanes refuse (prec=, residual=, kgroup=channel, rank=, fast=).
+ *
  * Memory (kv_bytes): vectors (scales and minimums included; low rank: coefficients, bases, staging), positions (int32,
  * two with a merging policy), the live and free index lists (int each), policy metadata and, with merge=1, the f32
  * weight mw, per slot; allocated = every slot of every lane, live = the
- * slots in use. Attention
+ * slots in use; with alloc=ada the vectors allocated are the cache's whole page pool and the metadata
+ * counts each lane's page table and the pool's bookkeeping. Attention
  * scratch (probabilities, decoded keys, the RoPE table of pos=cache) is workspace, not cache, and is not counted.
  * ------------------------------------------------------------------------------------------------------------- */
 
@@ -476,8 +500,18 @@ struct KVCache {
     int prompt_dense;        /* 1: prompt=dense (selection policies): queries before the prompt's end read every
                                 token through the ordinary attention, later ones select (kv_set_prompt_len) */
     KVLane *lanes;           /* (n_layers * n_kv_heads) */
-    struct KVPool *pool;     /* the serving pool the lanes' pages come from (kv_cache_init_pool), or NULL */
-    int page_slots;          /* pool caches: P, slots per page (a power of two); 0 in a single run */
+    struct KVPool *pool;     /* the pool the lanes' pages come from: the serving pool (kv_cache_init_pool), or the
+                                cache's own (alloc=ada in a single run), or NULL */
+    int pool_owned;          /* 1: pool is the cache's own (alloc=ada): made at init, freed with the cache */
+    int page_slots;          /* pool caches: P, slots per page (a power of two); 0 in a single run without ada */
+    /* alloc=ada (above, "Budgets over a layer's kv heads") */
+    int ada;                 /* 1: a layer's lanes share H·B slots, freed by the lowest keep scores layer-wide */
+    int ada_safe;            /* slots: ⌊safeguard · B⌋, each lane's highest-scored ranks that are never candidates */
+    double ada_safeguard;    /* safeguard=A, the share of B */
+    double *ada_score;       /* (n_kv_heads, budget) each lane's keep scores at a layer step */
+    uint8_t *ada_taken;      /* (n_kv_heads, budget) 1: the rank is chosen to be freed at this step */
+    int *ada_rank;           /* (n_kv_heads, n_kv_heads) the ranks each lane frees at a step (at most n_kv_heads) */
+    double *ada_vscore;      /* (n_kv_heads, n_kv_heads) and their keep scores, for the log */
     uint8_t *arena;          /* one allocation for every lane array */
     size_t arena_bytes;
     /* scratch for attention (workspace, not counted as cache) */
@@ -561,7 +595,9 @@ int kv_cache_init_pool(KVCache *c, const KVShape *shape, const KVSpec *spec, str
                        size_t errlen);
 /* Pool caches: pages the cache may take appending n more tokens to every lane: over the lanes, pages for
  * min(n_live + n, cap) slots beyond those held (an upper bound: freed slots are reused before a page is taken, and a
- * policy that evicts keeps a lane at cap). 0 for a single run's cache. */
+ * policy that evicts keeps a lane at cap). With alloc=ada, per layer the smaller of that sum and ceil(H·B/P) + H
+ * pages beyond those the layer holds (its lanes never hold more together). 0 for a single run's cache (alloc=ada's
+ * own pool included: it is sized for the worst case). */
 int kv_pages_needed(const KVCache *c, int n);
 /* Pool caches: pages held now, all lanes. */
 int kv_pages_held(const KVCache *c);

@@ -325,6 +325,11 @@ static int tova_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, 
     if (!st) return errorf(err, errlen, "out of memory");
     if (per && strcmp(per, "lane") && strcmp(per, "layer"))
         return errorf(err, errlen, "unknown per=%s in '%s'; choices: lane, layer", per, sp->text);
+    const char *al = kv_spec_value(sp, "alloc");
+    if (per_layer && al && !strcmp(al, "ada"))   /* per=layer reads rank i as one token in every lane of a layer */
+        return errorf(err, errlen, "'%s': tova's per=layer keeps one set of positions in every lane of a layer, and "
+                      "alloc=ada lets the lanes hold different ones: use per=lane (the default) with alloc=ada",
+                      sp->text);
     st->per_layer = per_layer;
     return check_budget(sp, "tova", budget, 1, "tova", "", err, errlen);
 }

@@ -243,12 +243,11 @@ static int cache_make(Server *sv, Seq *q, int floor) {
 }
 
 /* adapt: move a running sequence's cache to member `to` (kv_cache_transfer: its tokens re-encoded, the lowest keep
- * scores dropped when the member's budget is smaller), logged in the sequence. 0, or 1 when the pool has not the
- * pages for the move (nothing changed). */
-static int seq_switch(Server *sv, Seq *q, int to, long step, int shortage) {
+ * scores dropped when the member's budget is smaller), logged in the sequence with the step and the occupancy that
+ * called for it. 0, or 1 when the pool has not the pages for the move (nothing changed). */
+static int seq_switch(Server *sv, Seq *q, int to, long step, double occ, int shortage) {
     KVCache next;
     char err[512];
-    double occ = pool_occupancy(sv);
     cache_init_spec(&next, sv, sv->carrier[to], q->n_prompt);
     int rc = kv_cache_transfer(&next, &q->cache, q->fed, err, sizeof err);
     if (rc < 0) fatal("serve: request %d: switching to '%s': %s", q->tr->id, sv->ad->spec[to], err);
@@ -493,8 +492,9 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
            the pool now waits for a later step) */
         if (sv.ad) {
             int lvl = adapt_level(&sv);
+            double occ = pool_occupancy(&sv);   /* the one that called for lvl, logged with each switch it makes */
             for (int k = 0; k < n_run; k++)
-                if (q[running[k]].member < lvl) seq_switch(&sv, &q[running[k]], lvl, step, 0);
+                if (q[running[k]].member < lvl) seq_switch(&sv, &q[running[k]], lvl, step, occ, 0);
         }
         /* pages the running sequences' next step may take */
         int reserve = 0;
@@ -584,7 +584,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                 }
                 if (pick >= 0) {
                     Seq *c = &q[running[pick]];
-                    if (seq_switch(&sv, c, c->member + 1, step, 1)) tried[pick] = 1;
+                    if (seq_switch(&sv, c, c->member + 1, step, pool_occupancy(&sv), 1)) tried[pick] = 1;
                     continue;
                 }
             }

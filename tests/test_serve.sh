@@ -103,7 +103,7 @@ PY
     # adapt: chains switch running sequences at occupancy thresholds and, on a short pool, shrink one before any
     # preemption; the shadow pass replays each request's switches, so its policy cache's argmax is the served token
     # at every answer position (shadow_differs 0), which checks the move and the log against each other
-    B="$DOCS -requests 8 -lengths 64,240 -n 16 -pattern hotspot -arrival 1 -prefix 0 -pool 10%"
+    B="$DOCS -requests 8 -lengths 64,240 -n 16 -pattern hotspot -arrival 0.2 -prefix 0 -pool 20%"
     "$RUN" "$M" -m serve $B -kv adapt:full@0/q8@60/h2o:64@85 -kv adapt:full@0/h2o:48@100 -shadow 1 \
         -o "$tmp/adapt.jsonl" 2>"$tmp/adapt.err" && "$RUN" "$M" -m serve $B -kv full -o "$tmp/adapt_full.jsonl" \
         2>>"$tmp/adapt.err"

@@ -249,7 +249,9 @@ static int parse_list(const char *flag, const char *v, double lo, double hi, int
             return errorf(err, errlen, "%s '%s': '%s' is not %s", flag, v, item, what);
         if (integer) x = (double)k;
         for (int i = 0; i < *n; i++)
-            if (out[i] == x) return errorf(err, errlen, "%s '%s': %s is given twice", flag, v, item);
+            if (out[i] == x)
+                return errorf(err, errlen, "%s '%s': %s is given twice%s", flag, v, item,
+                              strcmp(flag, "-lengths") ? "" : " (serve's MIN,MAX of one length: give it once, -lengths N)");
         if (*n == max) return errorf(err, errlen, "%s '%s': at most %d values", flag, v, max);
         out[(*n)++] = x;
         if (!comma) return 0;

@@ -3,7 +3,7 @@
 # tests/test_kv_pool.c):
 #  - outputs do not depend on the schedule: each request's greedy ids are the same with -max-seqs 1 (every request
 #    alone in its cache), -max-seqs 16 (batched), -prefix 0 (no prefix caching) and a pool of 15% of the demand (with
-#    preemptions, which must happen), for full and sink in q8;
+#    preemptions, which must happen), for full, sink in q8 and h2o with alloc=ada (a layer's heads sharing its pages);
 #  - prefix caching on a scripted trace: three identical prompts arriving one after another, so the 2nd and 3rd find
 #    the 1st's pages: hit rate = 2 * 16 * floor((n - 1) / 16) / (3 n) for a prompt of n tokens, by hand from the
 #    records' prompt_tokens; the hit tokens per request are 0, then that block count; the ids equal -prefix 0's;
@@ -32,7 +32,7 @@ pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; }
 
 if [ -z "${KVLAB_SANITIZE:-}" ]; then
-    A="$DOCS -requests 10 -lengths 64,200 -n 48 -pattern hotspot -arrival 1 -kv full -kv sink:32,type=q8"
+    A="$DOCS -requests 10 -lengths 64,200 -n 48 -pattern hotspot -arrival 1 -kv full -kv sink:32,type=q8 -kv h2o:48,alloc=ada"
     i=0
     for cfg in "-max-seqs 16" "-max-seqs 1" "-prefix 0" "-pool 15%"; do
         i=$((i + 1))
@@ -46,7 +46,7 @@ tmp = sys.argv[1]
 def check(ok, msg): print(("PASS " if ok else "FAIL ") + msg)
 cfgs = ["-max-seqs 16", "-max-seqs 1", "-prefix 0", "-pool 15%"]
 recs = [[json.loads(l) for l in open(f"{tmp}/sched{i + 1}.jsonl")] for i in range(4)]
-for kv in ["full", "sink:32,type=q8"]:
+for kv in ["full", "sink:32,type=q8", "h2o:48,alloc=ada"]:
     ids = [{r["id"]: r["ids"] for r in rs if r["kind"] == "request" and r["kv"] == kv} for rs in recs]
     same = all(x == ids[0] for x in ids) and len(ids[0]) == 10
     check(same, f"serve {kv}: the 10 requests' greedy ids are the same under {', '.join(cfgs)}")
@@ -123,8 +123,8 @@ check(run[a]["finished"] == 8 and sw > 0 and sw == sum(run[a]["switches_to"].val
       f"{a}: 8 requests finish, {sw} switches logged in the requests, as many as the run counts ({run[a]['switches_to']})")
 check(all(r["shadow_differs"] == 0 for r in ra + req(b)),
       "each request's shadow replays its switches: the policy's argmax is the served token at every answer position")
-unswitched = [r for r in ra if not r["switches"] and r["member"] == "full"]
-check(all(r["kl"] == 0 for r in unswitched) and all(r["kl"] > 0 for r in ra if r["switches"]),
+unswitched = [r for r in ra + req(b) if not r["switches"] and r["member"] == "full"]
+check(len(unswitched) > 0 and all(r["kl"] == 0 for r in unswitched) and all(r["kl"] > 0 for r in ra if r["switches"]),
       f"requests that stayed in full ({len(unswitched)}) have KL 0 to the full shadow (full is held as h2o with the "
       "context for budget, which never evicts); every switched one has KL > 0")
 tos = [s["to"] for r in ra for s in r["switches"]]

@@ -2136,7 +2136,7 @@ void kv_cache_move(KVCache *dst, KVCache *src) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * alloc=ada (kv.h, "Budgets over a layer's kv heads"; Ada-KV, Feng et al. 2024, arXiv:2407.11550, §3): step 1 for
+ * alloc=ada (kv.h, "Budgets over a layer's kv heads"; Ada-KV, Feng et al. 2024, arXiv:2407.11550): step 1 for
  * a whole layer, before any of its lanes stores the token at t.
  * ------------------------------------------------------------------------------------------------------------- */
 

@@ -113,7 +113,7 @@
  * threshold tests (scissorhands' 1/n, lru's τ/n) always use the group mean (docs/DESIGN.md), so agg= does not change them.
  *
  * Budgets over a layer's kv heads (alloc=ada; Ada-KV, Feng et al. 2024, "Ada-KV: Optimizing KV Cache Eviction by
- * Adaptive Budget Allocation for Efficient LLM Inference", arXiv:2407.11550, §3: the slots of a layer go to the heads
+ * Adaptive Budget Allocation for Efficient LLM Inference", arXiv:2407.11550: the slots of a layer go to the heads
  * whose attention needs them, by ranking the policy's scores of every head together). The budget B stays the mean
  * per lane: the H = n_kv_heads lanes of a layer hold at most H·B slots together, each lane up to min(-c, H·B) (one
  * head may take the others' share). The rule, at step 1 of the token at pos_now in layer l, before any lane stores:
@@ -121,8 +121,8 @@
  * (KVPolicyOps.keep_score) over all H lanes, ties to the oldest position, then the lowest kv head, never a +INFINITY
  * one: that is the moment a lane shrinks. The safeguard (safeguard=A, default 0.2): each lane's ⌊A·B⌋ highest-scored
  * ranks (ties: the newest) are not candidates, so no head is squeezed below that share by the others; A in [0, 1),
- * 0 turns it off. The safeguard is not in the allocation rule of the paper's §3; Ada-KV's released implementations add
- * it, as a fraction α of the budget each head keeps: the authors' first code gives each head α·B plus (1 − α) of its
+ * 0 turns it off. The safeguard is taken from Ada-KV's released implementations, which let
+ * each head keep a fraction α of the budget: the authors' first code gives each head α·B plus (1 − α) of its
  * top-k share (α = 0.5 in its example configuration), the later head-wise implementation the authors reviewed keeps
  * each head's ⌊α·B⌋ best tokens before the layer-wide ranking (α = 0.2 by default), which is the form taken here.
  * Ada-KV allocates once, when the prompt is compressed; kvlab applies the ranking at every decode step. The per-lane

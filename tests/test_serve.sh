@@ -9,7 +9,8 @@
 #    records' prompt_tokens; the hit tokens per request are 0, then that block count; the ids equal -prefix 0's;
 #  - a multi-turn request whose next turn does not fit -c is cut there and -shadow scores what was served; requests
 #    over -c fail, each with a "failed":true record;
-#  - a soak: 1,000 generated requests (random pattern, 1 to 16 document tokens, 1 token each) through a pool of 10%
+#  - a soak: 1,000 generated requests (random pattern, 1 to 16 document tokens, 1 token each) through a pool of 10%,
+#    under full and under an adapt: chain that switches to q8 and h2o:16,
 #    with -max-seqs 32: every request finishes, no failure; serve checks the pool's invariants after every step
 #    (kv_pool_check, the lanes' page references = the pool's) and that no page is held at the end, and exits with an
 #    error otherwise. Under KVLAB_SANITIZE (ASan + UBSan) 12 requests through a 30% pool;
@@ -141,12 +142,15 @@ fi
 
 # the soak: serve exits non-zero if an invariant breaks or a page is left held
 "$RUN" "$M" -m serve -docs $L/GPL-3 -docs $L/Apache-2.0 -docs $L/BSD -docs $L/MPL-2.0 -requests $NSOAK \
-    -lengths 1,16 -n 1 -pattern random -arrival 0.3 -pool $POOL -max-seqs 32 -s 3 -o "$tmp/soak.jsonl" 2>"$tmp/soak.err"
+    -lengths 1,16 -n 1 -pattern random -arrival 0.3 -pool $POOL -max-seqs 32 -s 3 -kv full -kv adapt:full@0/q8@40/h2o:16@70 \
+    -o "$tmp/soak.jsonl" 2>"$tmp/soak.err"
 rc=$?
-done_n=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$tmp/soak.jsonl') if '\"run\"' in l][0]; print(r['finished'], r['failed'], r['preemptions'], r['steps'])" 2>/dev/null)
-if [ $rc -eq 0 ] && [ "$(echo "$done_n" | cut -d' ' -f1-2)" = "$NSOAK 0" ]; then
-    pass "soak: $NSOAK random requests through a $POOL pool finish with the pool's invariants checked every step and no page held at the end (finished, failed, preemptions, steps: $done_n)"
-else fail "soak: exit $rc, $done_n: $(tail -2 "$tmp/soak.err")"; fi
+for k in 0 1; do
+    done_n=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$tmp/soak.jsonl') if '\"run\"' in l][$k]; print(r['finished'], r['failed'], r['preemptions'], r['steps'], sum(r.get('switches_to', {}).values()), r['kv'])" 2>/dev/null)
+    if [ $rc -eq 0 ] && [ "$(echo "$done_n" | cut -d' ' -f1-2)" = "$NSOAK 0" ]; then
+        pass "soak: $NSOAK random requests through a $POOL pool finish with the pool's invariants checked every step and no page held at the end (finished, failed, preemptions, steps, switches, spec: $done_n)"
+    else fail "soak: exit $rc, $done_n: $(tail -2 "$tmp/soak.err")"; fi
+done
 
 # bad input: one error line, non-zero exit
 echo '{"arrival":0,"prompt":"x","bogus":1}' >"$tmp/bad.jsonl"

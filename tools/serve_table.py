@@ -38,5 +38,19 @@ for r in rows:
     print(f"| {pool} | `{r['kv']}` | {r['finished']} / {r['failed']} | {r['preemptions']} | {sw} | "
           f"{r['throughput_tok_s']:.1f} | {r['ttft_p95_s']:.2f} | {r['tpot_p95_ms']:.0f} | "
           f"{r['occupancy_mean']:.2f} / {r['occupancy_peak']:.2f} | {at} | {qs} |")
+# occupancy over the run, 64 columns of equal steps, each its highest level: _ below 80%, . 80, : 90, | 95, # 99
+print("\nOccupancy over time (one character per 1/64 of the run's steps, its peak: `_` < 80%, `.` >= 80, `:` >= 90, "
+      "`|` >= 95, `#` >= 99%):\n")
+for r in rows:
+    curve = r["occupancy"]
+    if not curve:
+        continue
+    cols = []
+    for j in range(64):
+        part = curve[j * len(curve) // 64:max((j + 1) * len(curve) // 64, j * len(curve) // 64 + 1)]
+        peak = max(part)
+        cols.append("#" if peak >= 0.99 else "|" if peak >= 0.95 else ":" if peak >= 0.90 else "." if peak >= 0.80 else "_")
+    pool = "100%" if r["sweep"] == "pattern=hotspot" else r["sweep"][5:]
+    print(f"    {pool:>4} {r['kv'][:38]:<38} {''.join(cols)}")
 wall = sum(r["wall_s"] for r in runs)
 print(f"\n{len(runs)} runs, {wall / 60:.1f} minutes of serving (the shadow passes not counted)")

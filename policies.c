@@ -544,6 +544,15 @@ static int lru_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *victim
     return 1;
 }
 
+/* keep score: the step of the last use (the least recently used goes first) */
+static void lru_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, double *score) {
+    for (int i = 0; i < ln->n_live; i++) {
+        int32_t u;
+        memcpy(&u, kv_rank_meta(ln, i, 4), 4);
+        score[i] = u;
+    }
+}
+
 static void lru_describe(const KVPolicy *p, char *buf, size_t len) {
     snprintf(buf, len, "thresh=%g", ((const LruState *)p->state)->thresh);
 }
@@ -555,7 +564,7 @@ static const KVPolicyOps policy_lru = {
     .summary = "lru:N evicts the token whose attention last reached thresh/(live slots) longest ago",
     .options = "thresh=T (default 1)", .reason = "least recently used", .needs_budget = 1, .evicts = 1,
     .init = lru_init, .meta_bytes_per_slot = meta_4, .on_insert = lru_on_insert, .observe = lru_observe,
-    .evict = lru_evict, .describe = lru_describe,
+    .evict = lru_evict, .describe = lru_describe, .keep_score = lru_keep,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ int serve_adapt_parse(const char *text, KVType default_type, Adapt *a, char *err
         if (!full) {
             if (!ops->evicts || !ops->keep_score)
                 return errorf(err, errlen, "'%s': member '%s': an adapt: chain shrinks a sequence by its policy's keep "
-                              "score, which %s has not (h2o, tova, sink, window have one)", text, m, sp.name);
+                              "score, which %s has not (h2o, tova, lru, sink, window have one)", text, m, sp.name);
             if (a->scorer[0] && strcmp(a->scorer, sp.name))
                 return errorf(err, errlen, "'%s': the members besides full are one policy (%s and %s here): a switch "
                               "carries its scores from member to member", text, a->scorer, sp.name);
@@ -114,6 +114,7 @@ typedef struct {
     /* adapt: the member its cache holds now and the one it started from (this admission's; a preemption starts
        over), and each switch: the step, the tokens in the cache then, the member it went to, the occupancy */
     int member, start_member, n_sw, cap_sw;
+    size_t gen_base;     /* answer tokens generated before this admission (a preempted life's), not replayed as such */
     struct { long step; int at, member; double occ; int shortage; } *sw;
     long arrive_step;
     double t_arrive, t_admit, t_first, t_last;
@@ -406,8 +407,10 @@ static void request_quality(const Model *m, const Options *o, const Server *sv, 
         const float *a = st[0].logits, *b = st[1].logits;
         *kl += eval_kl_div(a, eval_logsumexp(a, V), b, eval_logsumexp(b, V), V);
         *top1 += sample_argmax(a, V) == sample_argmax(b, V);
-        /* one turn: the policy's argmax here is the token serving generated, or the replay is not the served cache */
-        if (r->tr->n_turns <= 1 && (size_t)(p - np) < r->out.n) *differ += sample_argmax(b, V) != r->out.ids[p - np];
+        /* one turn: the policy's argmax here is the token serving generated (in the admission the replay follows), or
+           the replay is not the served cache */
+        if (r->tr->n_turns <= 1 && (size_t)(p - np) < r->out.n && (size_t)(p - np) >= r->gen_base)
+            *differ += sample_argmax(b, V) != r->out.ids[p - np];
         (*n)++;
     }
     for (int k = 0; k < 2; k++) { kv_cache_free(&c[k]); state_free(&st[k]); }
@@ -544,6 +547,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                 r->t_admit = now;
             }
             r->state = S_RUNNING;
+            r->gen_base = r->out.n;
             r->admitted_order = ++sv.order;
             reserve += kv_pages_needed(&r->cache, next_step_tokens(r, sv.chunk));
             running[n_run++] = waiting[0];

@@ -17,9 +17,9 @@ int run_serve(Model *m, const Options *o);
  * member a -kv spec (or a storage type alone, meaning full in it) and the occupancy, in percent, from which it holds;
  * the first at 0, the occupancies increasing; `adapt` alone is the default chain, ADAPT_DEFAULT. A member without
  * type=, ktype= or vtype= keeps the storage types of the member before it (the chain only tightens: q8 then h2o:1024 is
- * h2o:1024 in q8). Besides full, the members are one policy P with a keep score (h2o, tova, sink, window): full members
- * are then held as P with the context for budget, which never evicts and so attends as full does, but accumulates
- * P's scores from the first token, so a switch to P finds them ready. */
+ * h2o:1024 in q8). Besides full, the members are one policy P with a keep score (h2o, tova, lru, sink, window):
+ * full members are then held as P with the context for budget, which never evicts and so attends as full does, but
+ * accumulates P's scores from the first token, so a switch to P finds them ready. */
 #define ADAPT_MAX 8
 #define ADAPT_DEFAULT "full@0/q8@80/h2o:1024@90/h2o:256@95"
 typedef struct {

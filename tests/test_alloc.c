@@ -3,7 +3,7 @@
  * the remainder one slot per layer from layer 0; the total is B · n_layers · n_kv_heads (the budget stays the mean),
  * the lanes' memory follows (allocated vector bytes = the uniform cache's), and the lanes really evict at their own
  * caps. alloc=uniform is the default bit for bit (every lane at B, the same evictions over a random stream).
- * alloc=ada (Ada-KV, Feng et al. 2024, §3; kv.h, "Budgets over a layer's kv heads"): keep_score names the policy's
+ * alloc=ada (Ada-KV, Feng et al. 2024, arXiv:2407.11550; kv.h, "Budgets over a layer's kv heads"): keep_score names the policy's
  * own victim (window, sink, h2o, tova); the layer-wide rule checked step by step against a selection the test makes
  * itself from the scores it reads before each append (safeguard on and off); the pages follow the live slots and go
  * back when a lane shrinks; live vector bytes equal uniform's at steady state; reset replays the same; a serving
@@ -371,8 +371,8 @@ int main(void) {
     for (int x = 0; x < 3; x++) kv_cache_free(cs[x]);
 
     /* alloc=ada */
-    const char *scored[] = {"window:16", "sink:16,sinks=4", "h2o:16,recent=8", "h2o:16,recent=1", "tova:16"};
-    for (int i = 0; i < 5; i++) keep_score_names_the_victim(scored[i]);
+    const char *scored[] = {"window:16", "sink:16,sinks=4", "h2o:16,recent=8", "h2o:16,recent=1", "tova:16", "lru:16"};
+    for (int i = 0; i < 6; i++) keep_score_names_the_victim(scored[i]);
     ada_against_the_rule("h2o:128,recent=8,alloc=ada", "h2o:128,recent=8", 0.2, 8);   /* pages of 4 slots */
     ada_against_the_rule("h2o:64,recent=4,alloc=ada,safeguard=0", "h2o:64,recent=4", 0, 4);   /* 2 slots */
     ada_against_the_rule("tova:64,alloc=ada,safeguard=0.5", "tova:64", 0.5, 1);

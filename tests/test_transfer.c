@@ -67,6 +67,7 @@ int main(void) {
     CHECK(same && same_pos, "400 tokens on, through 188 evictions a lane: outputs and kept positions of the moved "
           "cache equal the unmoved one's bit for bit (the scores moved with the tokens)");
     kv_cache_free(&moved);
+    kv_cache_free(&a);
 
     /* 2. a shrinking move into q8, against the ranking written out here */
     KVCache src, dst;

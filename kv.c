@@ -2074,11 +2074,11 @@ int kv_cache_transfer(KVCache *dst, KVCache *src, int pos_next, char *err, size_
             if (avail < 0) return 1;
         }
     }
-    size_t mb = dst->meta_bytes;
-    float *kx = malloc((size_t)(max_live ? max_live : 1) * 2 * hd * sizeof(float));
-    double *score = malloc((size_t)(max_live ? max_live : 1) * sizeof(double));
-    int *drop = malloc((size_t)(max_live ? max_live : 1) * sizeof(int)), *pos = malloc((size_t)(max_live ? max_live : 1) * sizeof(int));
-    uint8_t *meta = malloc((size_t)(max_live ? max_live : 1) * (mb ? mb : 1));
+    size_t mb = dst->meta_bytes, rows = max_live > 0 ? (size_t)max_live : 1;   /* one lane's tokens at a time */
+    float *kx = malloc(rows * 2 * hd * sizeof(float));
+    double *score = malloc(rows * sizeof(double));
+    int *drop = malloc(rows * sizeof(int)), *pos = malloc(rows * sizeof(int));
+    uint8_t *meta = malloc(rows * (mb ? mb : 1));
     if (!kx || !score || !drop || !pos || !meta) {
         free(kx); free(score); free(drop); free(pos); free(meta);
         return errorf(err, errlen, "out of memory");

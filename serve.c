@@ -85,6 +85,8 @@ int serve_adapt_parse(const char *text, KVType default_type, Adapt *a, char *err
         if (kv_spec_value(&sp, "merge") || kv_spec_value(&sp, "alloc"))
             return errorf(err, errlen, "'%s': member '%s': merge= and alloc= are not taken in an adapt: chain", text, m);
         a->full[a->n] = full;
+        a->ktype[a->n] = sp.ktype;
+        a->vtype[a->n] = sp.vtype;
         a->at[a->n] = (int)occ;
         snprintf(a->spec[a->n], sizeof a->spec[0], "%s", base);
         a->n++;
@@ -440,12 +442,10 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
     if (is_adapt) {
         sv.ad = &ad;
         for (int k = 0; k < ad.n; k++) {   /* each member's cache made once now, so a spec the pool refuses stops here */
-            if (ad.full[k] && ad.scorer[0]) {
-                KVSpec ms;
-                if (kv_spec_parse(&ms, ad.spec[k], o->kvt, err, sizeof err)) fatal("serve: -kv: %s", err);
+            if (ad.full[k] && ad.scorer[0])
                 snprintf(sv.carrier[k], sizeof sv.carrier[k], "%s:%d,ktype=%s,vtype=%s", ad.scorer, o->ctx,
-                         kv_type_names[ms.ktype], kv_type_names[ms.vtype]);
-            } else snprintf(sv.carrier[k], sizeof sv.carrier[k], "%s", ad.spec[k]);
+                         kv_type_names[ad.ktype[k]], kv_type_names[ad.vtype[k]]);
+            else snprintf(sv.carrier[k], sizeof sv.carrier[k], "%s", ad.spec[k]);
             KVCache trial;
             if (kv_spec_parse(&spec, sv.carrier[k], o->kvt, err, sizeof err)
                 || kv_cache_init_pool(&trial, &shape, &spec, &sv.pool, err, sizeof err))

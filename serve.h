@@ -27,6 +27,7 @@ typedef struct {
     int at[ADAPT_MAX];                /* occupancy (%) from which member m holds; at[0] = 0 */
     char spec[ADAPT_MAX][160];        /* member m as a -kv spec, types written out ("h2o:1024,type=q8") */
     int full[ADAPT_MAX];              /* 1: member m is full (held as scorer:-c when there is a scorer) */
+    KVType ktype[ADAPT_MAX], vtype[ADAPT_MAX];   /* member m's storage types, as its spec resolves them */
     char scorer[24];                  /* P, or "" when every member is full */
 } Adapt;
 /* Parse "adapt" or "adapt:CHAIN" (default_type: -kvt). 1 when text is not an adapt spec, 0 parsed, -1 + message. */

@@ -65,6 +65,8 @@ static const FlagDef FLAGS[] = {
      "task); same results; serve: prompt tokens a step, all sequences together, default 256"},
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},
+    {"-bucket", "N", M_PPL, "stream mode: perplexity per N-token bucket of position in each document (the decay "
+     "curve), in -o (bucket_ppl) always and on stderr when given; default 1024"},
     {"-depths", "LIST", M_PASSKEY | M_TASK, "the key's (task: the asked needle's) relative depths, comma-separated in "
      "[0,1], default 0,0.25,0.5,0.75,1 (cwe has none)"},
     {"-lengths", "LIST", M_PASSKEY | M_BENCH | M_TASK | M_SERVE, "prompt lengths, comma-separated tokens, each <= -c "
@@ -320,6 +322,10 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
             return errorf(err, errlen, "unknown -ppl-mode '%s'; modes: stream, chunked", v);
         o->ppl_mode = v;
     } else if (!strcmp(a, "-tokenlog")) { o->tokenlog = v;
+    } else if (!strcmp(a, "-bucket")) {
+        if (parse_long(v, 1, 1 << 24, &n)) return errorf(err, errlen, "bad -bucket '%s': tokens in [1, %d]", v, 1 << 24);
+        o->bucket = (int)n;
+        o->bucket_set = 1;
     } else if (!strcmp(a, "-depths")) {
         return parse_list(a, v, 0, 1, 0, "a depth in [0, 1] (0: right after the instruction, 1: right before the "
                           "question)", o->depths, &o->n_depths, MAX_PASSKEY_CELLS, err, errlen);
@@ -477,6 +483,9 @@ int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     }
     if (o->tokenlog && !strcmp(o->ppl_mode, "chunked"))
         return errorf(err, errlen, "-tokenlog is for -ppl-mode stream (chunked mode scores no shadow)");
+    if (o->bucket_set && !strcmp(o->ppl_mode, "chunked"))
+        return errorf(err, errlen, "-bucket is for -ppl-mode stream (chunked mode restarts the cache every -c "
+                      "tokens, so it has no decay over position)");
     return 0;
 }
 

@@ -22,6 +22,7 @@ typedef struct {
        duo's full lanes on -calib, eval_calib), or NULL: the budget for every lane. Not set by options_parse. */
     const int *kv_caps[MAX_POLICIES];
     int steps, steps_set, ctx, chunk, print_ids, add_bos, verbose, seed_set;
+    int bucket, bucket_set;             /* -bucket N: ppl's position bucket, tokens (0: the default, 1024) */
     double depths[MAX_PASSKEY_CELLS];   /* -depths, in [0, 1]; n_depths 0: the default 0, .25, .5, .75, 1 */
     int n_depths;
     int lengths[MAX_PASSKEY_CELLS];     /* -lengths, tokens; n_lengths 0: the default -c/4, -c/2, -c */

@@ -489,6 +489,7 @@ void policy_run_free(PolicyRun *r) {
     free(r->recall_topk);
     free(r->recall_lane);
     free(r->cur_recall);
+    free(r->bucket);
     eval_cover_free(&r->cover);
 }
 
@@ -686,6 +687,10 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                     double lse = sc[j * n_runs + k].lse, nll = lse - lg[next];
                     r->cur_nll = nll;
                     r->all.nll += nll; r->all.n++;
+                    if (r->bucket) {   /* runs scored token by token in order: the sums need no care for threads */
+                        Nll *b = &r->bucket[t / r->bucket_w];
+                        b->nll += nll; b->n++;
+                    }
                     if (r->is_shadow) { shadow_nll = nll; continue; }
                     if (in_span) {
                         const EvalToken *et = &sc[j * n_runs + k].tok;
@@ -765,6 +770,42 @@ static int ppl_chunked(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
     return 0;
 }
 
+/* -o's decay curve of one run: bucket_tokens W, then per bucket b (the tokens predicted from positions
+ * [b*W, (b+1)*W) of their document, summed over documents) the count, the mean NLL (nats) and its perplexity; a
+ * bucket the run scored nothing in (full after -c) is null. */
+static void json_buckets(Line *ln, const PolicyRun *r, int n_out) {
+    line_printf(ln, "\"bucket_tokens\":%d,\"bucket_n\":[", r->bucket_w);
+    for (int b = 0; b < n_out; b++) line_printf(ln, "%s%ld", b ? "," : "", r->bucket[b].n);
+    line_printf(ln, "],\"bucket_nll\":[");
+    for (int b = 0; b < n_out; b++)
+        if (r->bucket[b].n) line_printf(ln, "%s%.9g", b ? "," : "", r->bucket[b].nll / r->bucket[b].n);
+        else line_printf(ln, "%snull", b ? "," : "");
+    line_printf(ln, "],\"bucket_ppl\":[");
+    for (int b = 0; b < n_out; b++)
+        if (r->bucket[b].n) line_printf(ln, "%s%.9g", b ? "," : "", exp(r->bucket[b].nll / r->bucket[b].n));
+        else line_printf(ln, "%snull", b ? "," : "");
+    line_printf(ln, "],");
+}
+
+/* -bucket given: the decay curve on stderr, a row per bucket of position, a column per run ("-": nothing scored). */
+static void bucket_table(FILE *f, const PolicyRun *runs, int n_runs, int n_out) {
+    fprintf(f, "\nperplexity by position (%d-token buckets of each document):\n%-16s", runs[0].bucket_w, "positions");
+    for (int k = 0; k < n_runs; k++) {
+        const char *name = runs[k].is_shadow ? "shadow" : runs[k].cache.spec.text;
+        fprintf(f, " %14.14s", name);
+    }
+    fputc('\n', f);
+    for (int b = 0; b < n_out; b++) {
+        char range[48];
+        snprintf(range, sizeof range, "%ld-%ld", (long)b * runs[0].bucket_w, (long)(b + 1) * runs[0].bucket_w - 1);
+        fprintf(f, "%-16s", range);
+        for (int k = 0; k < n_runs; k++)
+            if (runs[k].bucket[b].n) fprintf(f, " %14.4f", exp(runs[k].bucket[b].nll / runs[k].bucket[b].n));
+            else fprintf(f, " %14s", "-");
+        fputc('\n', f);
+    }
+}
+
 int run_ppl(Model *m, const Options *o) {
     if (o->n_files == 0) fatal("-m ppl needs text: -f FILE (repeatable, one document each)");
     int chunked = !strcmp(o->ppl_mode, "chunked");
@@ -804,6 +845,17 @@ int run_ppl(Model *m, const Options *o) {
                 chunk = 1;
                 break;
             }
+    /* the decay curve: NLL per bucket of position, over the longest document */
+    int bucket_w = o->bucket ? o->bucket : 1024;
+    size_t longest = 0;
+    for (int d = 0; d < o->n_files; d++) longest = docs[d].n > longest ? docs[d].n : longest;
+    if (!chunked)
+        for (int k = 0; k < n_runs; k++) {
+            runs[k].bucket_w = bucket_w;
+            runs[k].n_bucket = (int)((longest - 1 + bucket_w - 1) / bucket_w);
+            runs[k].bucket = calloc((size_t)runs[k].n_bucket, sizeof *runs[k].bucket);
+            if (!runs[k].bucket) fatal("out of memory");
+        }
     EvalCtx e = {m, NULL, NULL, ctx, 0, NULL, NULL};
     if (!chunked) eval_ctx_init(&e, m, runs, n_runs, ctx, chunk);
     OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
@@ -833,6 +885,10 @@ int run_ppl(Model *m, const Options *o) {
     fprintf(stderr, "\n%-34s %8s %9s %9s %9s %7s %9s %9s %7s %10s %10s\n", "policy (span: positions < -c)", "tokens",
             "ppl", "ΔNLL", "KL", "top1", "Δp", "ppl(all)", "recall", "KV MiB", "read MiB");
     Line ln = {0};
+    int n_bucket_out = 0;   /* the buckets up to the last one any run scored a token in */
+    for (int k = 0; k < n_runs && !chunked; k++)
+        for (int b = 0; b < runs[k].n_bucket; b++)
+            if (runs[k].bucket[b].n && b + 1 > n_bucket_out) n_bucket_out = b + 1;
     for (int k = 0; k < n_runs; k++) {
         PolicyRun *r = &runs[k];
         double n = r->span.n ? (double)r->span.n : 1;
@@ -869,6 +925,7 @@ int run_ppl(Model *m, const Options *o) {
             json_recall_lanes(&ln, r, L * m->config.n_kv_heads);
             line_printf(&ln, "],");
         }
+        if (!chunked) json_buckets(&ln, r, n_bucket_out);
         if (r->cache.tiers) {
             double cs = r->cache.steps_read ? r->seconds / r->cache.steps_read : 0;
             KVTierFigures x = tier_figures(&r->cache, NULL, r->cache.steps_read, cs, o->link_gbs);
@@ -885,6 +942,7 @@ int run_ppl(Model *m, const Options *o) {
         json_provenance_end(&ln, &pv);
         outfile_line(&out, &ln);
     }
+    if (o->bucket_set && !chunked) bucket_table(stderr, runs, n_runs, n_bucket_out);
     int any_select = 0;
     for (int k = 0; k < n_runs; k++) any_select |= runs[k].cache.policy.ops->select != NULL;
     if (any_select && !chunked) {

@@ -50,6 +50,9 @@ typedef struct {
     IdList asked;           /* passkey: every token fed since the question's cache reset, by position (owned) */
     KVBytes peak;           /* the largest allocation and live bytes seen */
     EvalCover cover;        /* merge=1: what each live slot covers, for recall (next NULL: not followed) */
+    Nll *bucket;            /* -bucket: (n_bucket) the NLL of the tokens at positions [b*W, (b+1)*W) of their
+                               document, W = bucket_w (the decay curve); NULL: not kept (calibration) */
+    int n_bucket, bucket_w;
 } PolicyRun;
 /* The provenance of a job's records: text the digest of its input text so far (finalized on a copy). */
 void provenance_init(Provenance *pv, const Model *m, const Options *o, const Sha256 *text);

@@ -11,6 +11,10 @@ against -o. Written from README.md's field list and docs/DESIGN.md's definitions
   scored_tokens: tokenlog lines; documents: distinct docs
   recall = the mean of recall_per_layer (the same mean taken the other way round)
   recall_per_layer[l] = the mean of recall_per_lane over layer l's kv heads (lane l * n_kv_heads + g, printed %.17g)
+  bucket_n[b], bucket_nll[b], bucket_ppl[b] (bucket_tokens W): count, mean NLL and exp(mean) of the tokens the policy
+      scored at tokenlog positions pos with pos // W == b, over every document; null where it scored none there;
+      as many buckets as the last one any policy scored in; the stderr table "perplexity by position", when printed,
+      gives bucket_ppl with 4 decimals ("-" for null)
 
 Tolerances, derived from the printing: -o and -tokenlog print %.9g, whose rounding is at most half a unit in the 9th
 significant digit, 5e-9 relative. A mean of printed values is off by at most 5e-9 * mean|x|; dp and dnll take two
@@ -64,12 +68,12 @@ def main():
             check(False, f"tokenlog line doc {l['doc']} pos {l['pos']}: the first policy is {shadow['kv']}, not the shadow")
             return 1
         for p in pols:
-            per.setdefault(p["kv"], []).append((p["nll"], shadow["nll"], p, l["pos"] < ctx))
+            per.setdefault(p["kv"], []).append((p["nll"], shadow["nll"], p, l["pos"] < ctx, l["pos"]))
 
     def fields_ok(kv, rows):
         # a policy's entry has kl/top1/recall exactly inside the span, and the shadow scores every span token
         bad = 0
-        for nll, snll, p, in_span in rows:
+        for nll, snll, p, in_span, _ in rows:
             has = "kl" in p and "top1" in p and "recall" in p
             if kv == "shadow":
                 bad += has or (in_span and nll is None)
@@ -116,9 +120,9 @@ def main():
             mean_check("top1", [x[2]["top1"] for x in span], [0.0] * len(span), r["top1"])
             rc = [x[2]["recall"] for x in span]
             mean_check("recall", rc, [abs(v) for v in rc], r["recall"])
-            mean_check("dp", [math.exp(-p) - math.exp(-s) for p, s, _, _ in span],
-                       [abs(p) + abs(s) for p, s, _, _ in span], r["dp"])
-            mean_check("dnll", [p - s for p, s, _, _ in span], [abs(p) + abs(s) for p, s, _, _ in span], r["dnll"])
+            mean_check("dp", [math.exp(-p) - math.exp(-s) for p, s, *_ in span],
+                       [abs(p) + abs(s) for p, s, *_ in span], r["dp"])
+            mean_check("dnll", [p - s for p, s, *_ in span], [abs(p) + abs(s) for p, s, *_ in span], r["dnll"])
             layers = r["recall_per_layer"]
             # recall_per_layer prints %.6g: each value is off by at most half a unit of its 6th significant digit
             lm = sum(layers) / len(layers)
@@ -140,6 +144,63 @@ def main():
               + ", recall_per_layer = the lanes' means" * (kv != "shadow")
               + f" = the tokenlog's means over {len(span)} span / {len(scored)} scored tokens (worst: {worst[0]} "
               f"|err| {worst[1]:.2g}, tolerance {worst[2]:.2g})" + (f": {detail}" if detail else ""))
+
+    # the decay curve: per policy, its scored tokens grouped by position bucket
+    n_out = 0
+    for r in recs:
+        if "bucket_tokens" in r:
+            w = r["bucket_tokens"]
+            n_out = max([n_out] + [x[4] // w + 1 for x in per.get(r["kv"], []) if x[0] is not None])
+    n_bucket_recs = 0
+    for r in recs:
+        if "bucket_tokens" not in r or r["kv"] not in per:
+            continue
+        n_bucket_recs += 1
+        w, kv = r["bucket_tokens"], r["kv"]
+        groups = [[] for _ in range(n_out)]
+        for x in per[kv]:
+            if x[0] is not None:
+                groups[x[4] // w].append(x[0])
+        bad = []
+        if not (len(r["bucket_n"]) == len(r["bucket_nll"]) == len(r["bucket_ppl"]) == n_out):
+            bad.append(f"{len(r['bucket_n'])} buckets, the tokenlog's positions span {n_out}")
+        for b, g in enumerate(groups[:len(r["bucket_n"])]):
+            if r["bucket_n"][b] != len(g):
+                bad.append(f"bucket {b}: n {r['bucket_n'][b]} vs {len(g)}")
+            elif not g:
+                if r["bucket_nll"][b] is not None or r["bucket_ppl"][b] is not None:
+                    bad.append(f"bucket {b}: empty but not null")
+            else:
+                m = sum(g) / len(g)
+                bound = R9 * sum(abs(v) for v in g) / len(g) + SUM * abs(m)
+                if abs(m - r["bucket_nll"][b]) > bound + R9 * abs(r["bucket_nll"][b]) + 1e-300:
+                    bad.append(f"bucket {b}: nll {r['bucket_nll'][b]:.9g} vs {m:.9g}")
+                e = math.exp(m)
+                if abs(e - r["bucket_ppl"][b]) > e * bound + R9 * r["bucket_ppl"][b]:
+                    bad.append(f"bucket {b}: ppl {r['bucket_ppl'][b]:.9g} vs {e:.9g}")
+        check(not bad, f"{kv}: bucket_n, bucket_nll, bucket_ppl ({n_out} buckets of {w}) = the tokenlog's counts and "
+              f"means by position" + (": " + "; ".join(bad[:4]) if bad else ""))
+    # the stderr decay table, when printed: its columns in -o's record order, 4 decimals
+    text = open(table_path, encoding="utf-8", errors="replace").read().splitlines()
+    if n_bucket_recs and any(l.startswith("perplexity by position") for l in text):
+        i = next(i for i, l in enumerate(text) if l.startswith("perplexity by position")) + 2
+        bad, n_cmp = [], 0
+        for b in range(n_out):
+            f = text[i + b].split() if i + b < len(text) else []
+            w = recs[0]["bucket_tokens"]
+            if not f or f[0] != f"{b * w}-{(b + 1) * w - 1}" or len(f) != len(recs) + 1:
+                bad.append(f"row {b}: '{' '.join(f)}'")
+                continue
+            for k, r in enumerate(recs):
+                want = r["bucket_ppl"][b]
+                if (f[k + 1] == "-") != (want is None):
+                    bad.append(f"row {b} {r['kv']}: {f[k + 1]} vs {want}")
+                elif want is not None:
+                    n_cmp += 1
+                    if abs(float(f[k + 1]) - want) > 0.5e-4 + R9 * want:
+                        bad.append(f"row {b} {r['kv']}: {f[k + 1]} vs {want:.9g}")
+        check(not bad and n_cmp > 0, f"stderr decay table = -o bucket_ppl ({n_out} rows, {n_cmp} cells)"
+              + (": " + "; ".join(bad[:4]) if bad else ""))
 
     for kv in nonzero + zero:
         kls = [x[2]["kl"] for x in per.get(kv, []) if "kl" in x[2]]

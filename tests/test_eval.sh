@@ -45,7 +45,7 @@ POLS+=(-kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12,per=lay
 CAL=(); ./run -h policies | grep -q '^    needs: -calib' && CAL=(-calib "$tmp/calib.txt")
 # --- batched == token by token, 1 == 2 threads ---
 OMP_NUM_THREADS=2 ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" "${CAL[@]}" -chunk 1 -tokenlog "$tmp/c1.jsonl" \
-    -o "$tmp/c1o.jsonl" 2>"$tmp/err1"
+    -o "$tmp/c1o.jsonl" -bucket 50 2>"$tmp/err1"
 rc1=$?
 for c in 5 64; do
     for th in 1 2; do
@@ -56,7 +56,8 @@ for c in 5 64; do
         else fail "ppl -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -2 "$tmp/err" "$tmp/err1")"; fi
     done
 done
-# -o against -tokenlog and the table: 300 tokens, -c 64 (evicting policies go on past the span, full stops at it);
+# -o against -tokenlog and the tables: 300 tokens, -c 64 (evicting policies go on past the span, full stops at it;
+# -bucket 50: six buckets of position, full's null after the second);
 # window:12 must differ from the shadow (a finite KL above 0, whatever its size) and full must not
 python3 tests/ppl_crosscheck.py "$tmp/c1o.jsonl" "$tmp/c1.jsonl" "$tmp/err1" --nonzero-kl window:12 --zero-kl full
 rc=$?; [ $rc -le 1 ] || fail "ppl_crosscheck.py did not run (status $rc)"

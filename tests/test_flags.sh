@@ -27,7 +27,7 @@ value() {
         -i) echo "1 2 3" ;; -f) echo "$tmp/ids.txt" ;; -n) echo 2 ;; -t) echo 0 ;; -p) echo 0.9 ;; -s) echo 1 ;;
         -c) echo 32 ;; -y) echo sys ;; -kv) echo window:8 ;; -kvt) echo f32 ;; -kvlog) echo "$tmp/kv.log" ;;
         -d) echo cpu ;; -o) echo "$tmp/o.jsonl" ;; -chunk) echo 4 ;; -ppl-mode) echo stream ;;
-        -tokenlog) echo "$tmp/t.jsonl" ;; -link) echo 64 ;; -calib) echo "$tmp/ids.txt" ;; -depths) echo 0,0.5 ;;
+        -tokenlog) echo "$tmp/t.jsonl" ;; -bucket) echo 4 ;; -link) echo 64 ;; -calib) echo "$tmp/ids.txt" ;; -depths) echo 0,0.5 ;;
         -lengths) echo 32 ;; -passkey2) echo 0 ;; -task) echo vt ;; -items) echo 1 ;; -questions) echo 2 ;;
         -shared) echo turns ;; -trace|-sharegpt|-docs) echo "$tmp/ids.txt" ;; -requests) echo 2 ;;
         -pattern) echo random ;; -pool) echo 50% ;; -arrival) echo 1 ;; -max-seqs) echo 2 ;; -prefix|-shadow) echo 0 ;;
@@ -84,6 +84,9 @@ done
 expect_error "-tokenlog in chunked mode" "-tokenlog is for -ppl-mode stream" \
     "$RUN" "$M" -m ppl -f "$tmp/ids.txt" -ppl-mode chunked -tokenlog "$tmp/x.tok"
 [ -e "$tmp/x.tok" ] && fail "-tokenlog in chunked mode created its file" || pass "-tokenlog in chunked mode wrote no file"
+expect_error "-bucket in chunked mode" "-bucket is for -ppl-mode stream" \
+    "$RUN" "$M" -m ppl -f "$tmp/ids.txt" -ppl-mode chunked -bucket 16
+expect_error "-bucket 0" "bad -bucket '0'" "$RUN" "$M" -m ppl -f "$tmp/ids.txt" -bucket 0
 
 # -h policies: every registered policy with its keys and its source
 "$RUN" -h policies >"$tmp/pol" 2>&1

@@ -46,7 +46,7 @@ TESTS   := $(patsubst tests/%.c,$(TESTBIN)/%,$(wildcard tests/test_*.c))
 REPLAYS := $(patsubst tests/fuzz/fuzz_%.c,$(TESTBIN)/replay_%,$(wildcard tests/fuzz/fuzz_*.c))
 HDRS    := $(wildcard *.h) $(BUILD)/cuda.flag
 
-.PHONY: serve-sweep all test debug test-debug fuzz model clean bench FORCE
+.PHONY: stream serve-sweep all test debug test-debug fuzz model clean bench FORCE
 all: $(OUT)/run $(OUT)/export tools
 	@echo "kvlab: built $(OUT)/run, $(OUT)/export and the tools in $(BUILD)/ (CPU$(if $(OMP), + OpenMP,); CUDA: $(CUDA_MSG))"
 
@@ -136,6 +136,11 @@ report: all
 # the serving sweep README reports: SmolLM2, 64 requests, pool sizes 100% to 10%, full, adapt:, q8, sink, h2o
 serve-sweep: all
 	tools/serve_sweep.sh
+
+# the long streams README reports: perplexity per 1,024-token bucket over the whole Debian Reference (about 212K
+# tokens) for sink pos=cache and pos=orig, window, h2o, tova (tools/stream.sh: STREAM_TOKENS, STREAM_KV, ...)
+stream: all
+	tools/stream.sh
 
 # always runs the script: it checks the cached GGUF's sha256 and the model.bin (a fraction of a second when both are
 # good) and fetches or exports again what is missing, corrupt or stale

@@ -46,7 +46,7 @@ TESTS   := $(patsubst tests/%.c,$(TESTBIN)/%,$(wildcard tests/test_*.c))
 REPLAYS := $(patsubst tests/fuzz/fuzz_%.c,$(TESTBIN)/replay_%,$(wildcard tests/fuzz/fuzz_*.c))
 HDRS    := $(wildcard *.h) $(BUILD)/cuda.flag
 
-.PHONY: stream serve-sweep all test debug test-debug fuzz model clean bench FORCE
+.PHONY: tasks stream serve-sweep all test debug test-debug fuzz model clean bench FORCE
 all: $(OUT)/run $(OUT)/export tools
 	@echo "kvlab: built $(OUT)/run, $(OUT)/export and the tools in $(BUILD)/ (CPU$(if $(OMP), + OpenMP,); CUDA: $(CUDA_MSG))"
 
@@ -141,6 +141,11 @@ serve-sweep: all
 # tokens) for sink pos=cache and pos=orig, window, h2o, tova (tools/stream.sh: STREAM_TOKENS, STREAM_KV, ...)
 stream: all
 	tools/stream.sh
+
+# the task grid and its leaderboard (score against resident KV bytes over full's): RULER's tasks at 1K and 4K tokens,
+# every family at 25% and 10% of full's bytes, the shared-context protocol (tools/tasks.sh: TASKS_LIST, ...)
+tasks: all
+	tools/tasks.sh
 
 # always runs the script: it checks the cached GGUF's sha256 and the model.bin (a fraction of a second when both are
 # good) and fetches or exports again what is missing, corrupt or stale

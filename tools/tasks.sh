@@ -6,7 +6,8 @@
 #   lengths:  1024 and 4096 tokens (TASKS_LENGTHS), -c the length, 4 items per (task, length): depths 0.25 and 0.75
 #             with 2 items each (cwe has no depth: 4 items), seed 1
 #   policies at each length L, budgets B = L/4 and L/10 (25% and 10% of full's f32 bytes for the evicting ones):
-#             full; sink:B; h2o:B; snapkv:B (the question in its observation window); quest:B (selection: it keeps
+#             full; sink:B; h2o:B; snapkv:B (the question in its observation window; obs=B/2 under B = 64);
+#             quest:B (selection: it keeps
 #             every token, so its resident bytes stay full's and its saving is in bytes read); full,type=q4 and
 #             h2o:B,type=q4 (storage)
 #   shared:   niah_multikey -questions 4 at 1024 tokens, -shared turns and -shared requests, the same policies
@@ -31,7 +32,9 @@ policies() {   # L -> the -kv arguments
     local L=$1 b
     printf -- '-kv\nfull\n-kv\nfull,type=q4\n'
     for b in $((L / 4)) $((L / 10)); do
-        printf -- '-kv\nsink:%d\n-kv\nh2o:%d\n-kv\nsnapkv:%d\n-kv\nquest:%d\n-kv\nh2o:%d,type=q4\n' $b $b $b $b $b
+        local snap=snapkv:$b   # its observation window (default 32) must leave slots to choose: at most B/2
+        [ $b -lt 64 ] && snap+=",obs=$((b / 2))"
+        printf -- '-kv\nsink:%d\n-kv\nh2o:%d\n-kv\n%s\n-kv\nquest:%d\n-kv\nh2o:%d,type=q4\n' $b $b "$snap" $b $b
     done
 }
 runs=()   # NAME|LENGTH|ARGS

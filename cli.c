@@ -9,6 +9,7 @@
 #include "run.h"
 #include "serve.h"
 #include "task.h"
+#include "task_code.h"
 #include "trace.h"
 
 #include <errno.h>
@@ -75,7 +76,8 @@ static const FlagDef FLAGS[] = {
     {"-passkey2", "N", M_PASSKEY, "1 (default): the two-turn variant after the grid, at the longest length; 0: "
                                     "skip it"},
     {"-task", "NAME", M_TASK, "the task: niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER's needles), "
-     "vt (variable tracking), cwe (common words), passkey"},
+     "vt (variable tracking), cwe (common words), passkey; code (completion of the next line of a pinned C header, "
+     "$KVLAB_CODE_ROOT or /usr/include)"},
     {"-items", "N", M_TASK, "items per (length, depth) cell, default 2"},
     {"-questions", "N", M_TASK, "niah_multikey as a shared context: N keys (2 to 10) asked of one context, one "
      "question each (SCBench)"},
@@ -340,7 +342,8 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
             return errorf(err, errlen, "bad -passkey2 '%s': 1 (ask the two-turn variant, the default) or 0 (skip it)", v);
         o->passkey2 = v[0] == '1';
     } else if (!strcmp(a, "-task")) {
-        if (task_parse(v) < 0) return errorf(err, errlen, "unknown -task '%s'; tasks: %s", v, task_names());
+        if (task_parse(v) < 0 && strcmp(v, TASK_CODE_NAME))
+            return errorf(err, errlen, "unknown -task '%s'; tasks: %s, %s", v, task_names(), TASK_CODE_NAME);
         o->task = v;
     } else if (!strcmp(a, "-items")) {
         if (parse_long(v, 1, 1 << 20, &n)) return errorf(err, errlen, "bad -items '%s': items per cell in [1, %d]", v, 1 << 20);
@@ -687,7 +690,7 @@ int cli_main(int argc, char **argv) {
     if (!strcmp(o.mode, "ppl")) rc = run_ppl(&m, &o);
     else if (!strcmp(o.mode, "bench")) rc = run_bench(&m, &o);
     else if (!strcmp(o.mode, "passkey")) rc = run_passkey(&m, &o);
-    else if (!strcmp(o.mode, "task")) rc = run_task(&m, &o);
+    else if (!strcmp(o.mode, "task")) rc = !strcmp(o.task, TASK_CODE_NAME) ? run_task_code(&m, &o) : run_task(&m, &o);
     else if (!strcmp(o.mode, "serve")) rc = run_serve(&m, &o);
     else {
         rc = run_generate_chat(&m, &o, cuda);

@@ -1426,7 +1426,7 @@ void kv_cache_reset(KVCache *c) {
     }
     for (int g = 0; g < c->shape.n_kv_heads; g++) c->read_n[g] = -1;
     if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_RESET, -1, -1, -1, -1, -1, NULL, NULL);
-    c->policy.prompt_len = 0;
+    c->policy.prompt_len = c->policy.context_len = 0;
     if (c->policy.ops && c->policy.ops->reset) c->policy.ops->reset(&c->policy);
     c->live_bytes = 0;
     kv_tier_reset(c);
@@ -1485,6 +1485,7 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
     }
     if (src->policy.state_bytes) memcpy(dst->policy.state, src->policy.state, src->policy.state_bytes);
     dst->policy.prompt_len = src->policy.prompt_len;
+    dst->policy.context_len = src->policy.context_len;
     memcpy(dst->read_n, src->read_n, (size_t)src->shape.n_kv_heads * sizeof(int));
     memcpy(dst->read_rank, src->read_rank, (size_t)src->shape.n_kv_heads * src->budget * sizeof(int));
     dst->live_bytes = src->live_bytes;
@@ -1529,6 +1530,12 @@ const float *kv_rope_at(KVCache *c, int t) {
 }
 
 void kv_set_prompt_len(KVCache *c, int n_tokens) { c->policy.prompt_len = n_tokens > 0 ? n_tokens : 0; }
+void kv_set_context_len(KVCache *c, int n_tokens) { c->policy.context_len = n_tokens > 0 ? n_tokens : 0; }
+
+int kv_query_aware(const KVCache *c) {
+    const char *q = kv_spec_value(&c->spec, "query");
+    return c->policy.ops->prompt_end && !(q && !strcmp(q, "agnostic"));
+}
 
 /* A policy bug, never an input error: stop before the lists are corrupted. */
 static void policy_bug(const KVCache *c, const char *verb, int l, int g, int rank, int n_live) {
@@ -1700,6 +1707,22 @@ static void lane_compact(KVCache *c, int lane, KVLane *ln) {
         else if (c->on_slot) c->on_slot(c->slot_ctx, KV_SLOT_FREE, lane, s, -1, i, -1, NULL, NULL);
     }
     ln->n_live = w;
+}
+
+int kv_cache_truncate(KVCache *c, int n, char *err, size_t errlen) {
+    if (c->pool || c->n_bands > 1 || c->kgroup || c->krank || c->vrank || c->merges || c->merge_evict || c->device
+        || c->tiers)
+        return errorf(err, errlen, "kv: '%s' keeps pages, several bands, per-channel keys, low rank, merged slots, "
+                      "memory tiers or a device mirror: its tail cannot be dropped", c->spec.text);
+    int n_lanes = c->shape.n_layers * c->shape.n_kv_heads;
+    for (int i = 0; i < n_lanes; i++) {
+        KVLane *ln = &c->lanes[i];
+        for (int r = 0; r < ln->n_live; r++)
+            if (ln->pos[ln->live[r]] >= n) slot_release(c, ln, ln->live[r]);
+        lane_compact(c, i, ln);
+    }
+    for (int g = 0; g < c->shape.n_kv_heads; g++) c->read_n[g] = -1;   /* a selection made before is stale */
+    return 0;
 }
 
 /* The stored vector of slot s as f32 (keys as stored: rotated under pos=orig, pre-RoPE under pos=cache). */
@@ -2125,6 +2148,7 @@ int kv_cache_transfer(KVCache *dst, KVCache *src, int pos_next, char *err, size_
     }
     if (dst->live_bytes > dst->peak_live_bytes) dst->peak_live_bytes = dst->live_bytes;
     dst->policy.prompt_len = src->policy.prompt_len;
+    dst->policy.context_len = src->policy.context_len;
     free(kx); free(score); free(drop); free(pos); free(meta);
     return 0;
 }

@@ -389,6 +389,8 @@ struct KVPolicy {
     int budget;            /* tokens per lane, the policy's budget (snapkv: its compression target; selection: what a
                               query reads) */
     int prompt_len;        /* tokens of the prompt (positions 0..prompt_len-1), 0 = not known; kv_set_prompt_len */
+    int context_len;       /* tokens of the shared context before the prompt's question, 0 = not known;
+                              kv_set_context_len (snapkv query=agnostic compresses there) */
     AggMode agg;
     int keys_fixed;        /* 1: a live rank's key as attention sees it never changes while the lane holds it (one
                               precision band, so no recode, and lanes that never free or merge a slot, so a rank, and
@@ -643,6 +645,19 @@ void kv_cache_reset(KVCache *c);
  * selection policy with prompt=dense reads every token for the queries at positions < n_tokens (Quest's dense
  * prefill) and selects for the later ones. Other policies ignore it. */
 void kv_set_prompt_len(KVCache *c, int n_tokens);
+/* Tell the cache that positions 0..n_tokens-1 are the context the prompt's question is asked about (-m task: the
+ * tokens before the first question). Only a prompt-end policy that must not see the question reads it (snapkv
+ * query=agnostic compresses right after position n_tokens-1 instead of the prompt's end). Call it with
+ * kv_set_prompt_len; kv_cache_reset clears it. */
+void kv_set_context_len(KVCache *c, int n_tokens);
+/* 1 when the policy compresses at the prompt's end and its observation window may hold the question (snapkv with
+ * query=aware, the default); 0 for every other policy and for query=agnostic. */
+int kv_query_aware(const KVCache *c);
+/* Drop every token at position >= n from every lane (a request's own tokens after a shared context, so the context's
+ * cache can serve the next request): no event, not counted as evictions, the policy's metadata of the kept tokens
+ * untouched. Single-run caches of one storage band without merging, per-channel keys, low rank, memory tiers or a
+ * device mirror only; 0, or -1 + message. */
+int kv_cache_truncate(KVCache *c, int n, char *err, size_t errlen);
 
 /* Steps 1 and 2 for every lane of layer l: merge what the policy merges, evict if full, then store the token at
  * position t (recoding older tokens into later bands as bands fill).

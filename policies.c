@@ -627,21 +627,42 @@ static const KVPolicyOps policy_random = {
  * K (its clustering step). Afterwards the lane grows by one slot per token without eviction, up to -c like `full`. The
  * prompt end comes from kv_set_prompt_len (generate, chat, passkey) or prefill=P (required in ppl mode). Defaults W =
  * 32, K = 7. Metadata: one f32, the attention summed over the observation queries.
+ * query=aware|agnostic (SCBench's distinction, Li et al. 2024, arXiv:2412.10319: compression that has seen the
+ * question against compression of the context alone). aware (the default, the paper's SnapKV): the compression point
+ * is the prompt's end, so the observation window holds the question (-m task: the prompt's question, and for
+ * -questions the first question only: under -shared turns questions 2..N are later turns asked of the cache as
+ * question 1 compressed it, never compressed again; under -shared requests the context and question 1 are compressed
+ * together, the answer to question 1 is generated from that cache, and questions 2..N are each asked of that
+ * compressed cache with question 1's tokens dropped (kv_cache_truncate), so what survived was chosen by question 1
+ * and its window's slots are gone). agnostic: the compression point is the end of the shared context
+ * (kv_set_context_len: -m task's tokens before the first question), so the window is the context's last W tokens and
+ * no question is seen; under -shared requests the context alone is compressed once and every question is asked of
+ * that same cache; under turns question 1's tokens come after the compression. agnostic needs the context's end, so
+ * it is for -m task only (an error elsewhere); in ppl there is no question, so query= is an error there.
  * ------------------------------------------------------------------------------------------------------------- */
 
 typedef struct {
     int obs, kernel, prefill;
+    int agnostic;  /* query=agnostic: compress at the context's end (KVPolicy.context_len), not the prompt's */
     int prompt;   /* the prompt length this document compresses at: the first one seen, so a later prompt (a second
                      chat turn) never compresses again (docs/DESIGN.md: once) */
 } SnapState;
 
-/* The prompt length to act on, or 0. */
+/* The prompt length to act on (query=agnostic: the context's), or 0. */
 static int snap_prompt(KVPolicy *p) {
     SnapState *st = p->state;
-    if (!st->prompt && p->prompt_len > 0) st->prompt = p->prompt_len;
-    return st->prompt == p->prompt_len ? st->prompt : 0;
+    int end = st->agnostic ? p->context_len : p->prompt_len;
+    if (!st->prompt && end > 0) st->prompt = end;
+    return st->prompt == end ? st->prompt : 0;
 }
 typedef struct { float score; int pos, rank; } SnapCand;
+
+/* query= is aware, agnostic or absent; 0, or -1 + message. */
+static int snap_query_check(const KVSpec *sp, const char *q, char *err, size_t errlen) {
+    if (!q || !strcmp(q, "aware") || !strcmp(q, "agnostic")) return 0;
+    return errorf(err, errlen, "bad query=%s in '%s': aware (compress at the prompt's end, the question seen) or "
+                  "agnostic (at the shared context's end, before the question)", q, sp->text);
+}
 
 static int snap_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, char *err, size_t errlen) {
     SnapState *st = state_new(p, sizeof *st);
@@ -652,6 +673,9 @@ static int snap_init(KVPolicy *p, KVSpec *sp, const KVShape *shape, int budget, 
     if (opt_int(sp, "prefill", 1, 1 << 30, &pf, err, errlen) < 0) return -1;
     if (k % 2 == 0) return errorf(err, errlen, "bad kernel=%ld in '%s': an odd pooling width (1, 3, 5, 7, ...)", k,
                                 sp->text);
+    const char *q = kv_spec_get(sp, "query");
+    if (snap_query_check(sp, q, err, errlen)) return -1;
+    st->agnostic = q && !strcmp(q, "agnostic");
     st->obs = (int)w; st->kernel = (int)k; st->prefill = (int)pf;
     char what[48], fix[48];
     snprintf(what, sizeof what, "obs=%d", st->obs);
@@ -701,6 +725,14 @@ static int snap_prune(KVPolicy *p, int lane, const KVLane *ln, int t, int *victi
 
 /* ppl has no prompt: the compression point must be given (prefill=P). */
 static int snap_check_mode(const KVSpec *sp, const char *mode, char *err, size_t errlen) {
+    const char *q = kv_spec_value(sp, "query");
+    if (snap_query_check(sp, q, err, errlen)) return -1;   /* said before any work */
+    if (q && !strcmp(mode, "ppl"))
+        return errorf(err, errlen, "'%s': query= has no meaning in ppl mode (there is no question; prefill=P is the "
+                      "compression point): leave it out", sp->text);
+    if (q && !strcmp(q, "agnostic") && strcmp(mode, "task"))
+        return errorf(err, errlen, "'%s': query=agnostic compresses at the end of the shared context, which only "
+                      "-m task knows (the tokens before the question); -m %s has none", sp->text, mode);
     if (!strcmp(mode, "ppl") && !kv_spec_value(sp, "prefill"))
         return errorf(err, errlen, "'%s' in ppl mode needs prefill=P, the number of tokens after which %s "
                       "compresses (ppl has no prompt), e.g. %s,prefill=1024", sp->text, sp->name, sp->text);
@@ -709,7 +741,8 @@ static int snap_check_mode(const KVSpec *sp, const char *mode, char *err, size_t
 
 static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
     const SnapState *st = p->state;
-    snprintf(buf, len, "obs=%d kernel=%d prefill=%d", st->obs, st->kernel, st->prefill);
+    snprintf(buf, len, "obs=%d kernel=%d prefill=%d query=%s", st->obs, st->kernel, st->prefill,
+             st->agnostic ? "agnostic" : "aware");
 }
 
 static const KVPolicyOps policy_snapkv = {
@@ -717,7 +750,9 @@ static const KVPolicyOps policy_snapkv = {
     .name = "snapkv", .family = "eviction",
     .paper = "SnapKV: Li et al. 2024, arXiv:2404.14469, section 4",
     .summary = "snapkv:N compresses the prompt once to N tokens from its last obs queries (SnapKV)",
-    .options = "obs=W (default 32), kernel=K (default 7), prefill=P (the prompt length; required in ppl)",
+    .options = "obs=W (default 32), kernel=K (default 7), prefill=P (the prompt length; required in ppl), "
+               "query=aware|agnostic (default aware: the window holds the question; agnostic: -m task only, it ends "
+               "with the shared context)",
     .reason = "prompt compression: lowest pooled attention of the observation window", .needs_budget = 1,
     .evicts = 0, .grows = 1, .prompt_end = 1, .init = snap_init, .check_mode = snap_check_mode, .reset = snap_reset,
     .meta_bytes_per_slot = meta_4, .observe = snap_observe, .prune = snap_prune, .describe = snap_describe,

@@ -498,6 +498,7 @@ static int ask_one(ItemRun *ir) {
     PolicyRun *r = ir->r;
     kv_cache_reset(&r->cache);
     kv_set_prompt_len(&r->cache, (int)ir->p->n);
+    kv_set_context_len(&r->cache, ir->question_pos);   /* snapkv query=agnostic compresses before the question */
     r->asked.n = 0;
     int pos = 0;
     int rc = feed_and_answer(ir, ir->p->ids, ir->p->n, &pos, answer, sizeof answer);
@@ -513,7 +514,11 @@ static int ask_one(ItemRun *ir) {
 /* A shared context's questions (SCBench's protocol). turns: the prompt (context and question 1) answered, then each
  * later question as a new user turn of the same chat, every answer left in the cache. requests: the context alone
  * prefilled once and its cache cloned (policy state included); each question is asked of the clone restored, as
- * its own request: the question's tokens are the prompt's own from where the question starts. 0 or PK_STOPPED. */
+ * its own request: the question's tokens are the prompt's own from where the question starts. A query-aware
+ * prompt-end policy (snapkv query=aware, kv_query_aware) under requests compresses with question 1 in its window, as
+ * SCBench's query-aware methods do: question 1's whole prompt is prefilled (and compressed at its end), the clone is
+ * that cache with question 1's tokens dropped (kv_cache_truncate) and no compression left to do, and questions 2..N
+ * are asked of it. 0 or PK_STOPPED. */
 static int ask_shared(ItemRun *ir) {
     char answer[2048], err[512];
     PolicyRun *r = ir->r;
@@ -525,7 +530,20 @@ static int ask_shared(ItemRun *ir) {
     int pos = 0, rc = 0;
     KVCache saved;
     int n_ctx = ir->question_pos;   /* the context's tokens: everything before question 1 */
-    if (requests) {
+    int aware = requests && kv_query_aware(&r->cache);   /* requests, question 1 compressed with the context */
+    kv_set_context_len(&r->cache, n_ctx);
+    if (aware) {
+        kv_set_prompt_len(&r->cache, (int)ir->p->n);
+        for (size_t i = 0; i < ir->p->n; i++) ids_push(&r->asked, ir->p->ids[i]);
+        rc = prefill(ir->m, r, ir->p->ids, ir->p->n, &pos, ir->chunk);
+        if (rc == PK_STOPPED) return rc;
+        if (rc == 0) {
+            if (kv_cache_clone(&saved, &r->cache, err, sizeof err) || kv_cache_truncate(&saved, n_ctx, err, sizeof err))
+                fatal("-shared requests: %s", err);
+            kv_set_prompt_len(&saved, 0);   /* compressed once: the later questions' prompts compress nothing */
+            kv_set_context_len(&saved, 0);
+        }
+    } else if (requests) {
         kv_set_prompt_len(&r->cache, n_ctx);   /* a prefill-time policy compresses the context, not seeing a question */
         for (int i = 0; i < n_ctx; i++) ids_push(&r->asked, ir->p->ids[i]);
         rc = prefill(ir->m, r, ir->p->ids, (size_t)n_ctx, &pos, ir->chunk);
@@ -537,7 +555,11 @@ static int ask_shared(ItemRun *ir) {
         int n_prompt = 0, fed = 0, before = pos;
         answer[0] = 0;
         if (failed) rc = failed;
-        else if (requests) {
+        else if (aware && q == 0) {   /* question 1's prompt is in the cache, compressed: its answer */
+            n_prompt = fed = (int)ir->p->n;
+            before = 0;
+            rc = eval_answer(ir->m, r, &pos, ir->max_new, ir->stop, answer, sizeof answer);
+        } else if (requests) {
             /* the prompt for question q: the same context, question q in place of question 1 */
             TaskItem one = *it;
             Line user = {0};

@@ -11,7 +11,7 @@ fail() { echo "FAIL $*"; }
 "$EXPORT" --random "$tmp/tiny.bin" --dim 48 --hidden 112 --layers 2 --heads 4 --kv-heads 2 --vocab 97 --seq 64 \
     --seed 5 >/dev/null 2>&1 || fail "export --random"
 awk 'BEGIN { srand(7); for (i = 0; i < 700; i++) printf "%d ", int(rand() * 97); print "" }' >"$tmp/ids.txt"
-export MODEL=$tmp/tiny.bin STREAM_TEXT=$tmp/ids.txt STREAM_BUCKET=100 STREAM_CTX=64 STREAM_KV="sink:16,pos=cache full window:8"
+export RUN=${KVLAB_RUN:-./run} MODEL=$tmp/tiny.bin STREAM_TEXT=$tmp/ids.txt STREAM_BUCKET=100 STREAM_CTX=64 STREAM_KV="sink:16,pos=cache full window:8"
 tools/stream.sh "$tmp/out" >"$tmp/log" 2>&1 || fail "tools/stream.sh exited $?: $(tail -3 "$tmp/log")"
 python3 - "$tmp/out" <<'PY'
 import json, math, sys

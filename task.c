@@ -615,6 +615,19 @@ static int ask_shared(ItemRun *ir) {
     return 0;
 }
 
+int task_lengths(const Options *o, int ctx, int max_new, int *lens) {
+    int n_lens = o->n_lengths ? o->n_lengths : 3;
+    for (int li = 0; li < n_lens; li++) lens[li] = o->n_lengths ? o->lengths[li] : ctx / (1 << (2 - li));
+    for (int li = 0; li < n_lens; li++) {
+        if (lens[li] > ctx)
+            fatal("-lengths: %d tokens is over -c %d, the cache of full and of the selection policies; use -c %d or a "
+                  "shorter length", lens[li], ctx, lens[li]);
+        if (lens[li] <= max_new)
+            fatal("-lengths: %d tokens leaves no room for a prompt beside the %d answer tokens (-n)", lens[li], max_new);
+    }
+    return n_lens;
+}
+
 int run_task(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("-m task needs a model with a tokenizer");
     int kind_i = task_parse(o->task ? o->task : "");
@@ -628,15 +641,7 @@ int run_task(Model *m, const Options *o) {
     double no_depth = NAN;
     const double *depths = kind == TASK_CWE ? &no_depth : o->n_depths ? o->depths : default_depths;
     int n_depths = kind == TASK_CWE ? 1 : o->n_depths ? o->n_depths : 5;
-    int n_lens = o->n_lengths ? o->n_lengths : 3, lens[MAX_PASSKEY_CELLS];
-    for (int li = 0; li < n_lens; li++) lens[li] = o->n_lengths ? o->lengths[li] : ctx / (1 << (2 - li));
-    for (int li = 0; li < n_lens; li++) {
-        if (lens[li] > ctx)
-            fatal("-lengths: %d tokens is over -c %d, the cache of full and of the selection policies; use -c %d or a "
-                  "shorter length", lens[li], ctx, lens[li]);
-        if (lens[li] <= max_new)
-            fatal("-lengths: %d tokens leaves no room for a prompt beside the %d answer tokens (-n)", lens[li], max_new);
-    }
+    int lens[MAX_PASSKEY_CELLS], n_lens = task_lengths(o, ctx, max_new, lens);
     for (int li = 0; li < n_lens; li++) {   /* the smallest prompt of the first item must fit (said before any work) */
         TaskItem it;
         Prompt p;

@@ -114,5 +114,8 @@ TaskScore task_score_answers(const char (*expected)[16], int n, const char *outp
  * stood after the context: kv_cache_clone, kv_cache_restore), one JSON line per question. Returns the exit status: 0, or 128 + the signal when SIGINT/SIGTERM stopped it (every
  * item answered before is printed and written). */
 int run_task(Model *m, const Options *o);
+/* -lengths resolved into lens[MAX_PASSKEY_CELLS] (default -c/4, -c/2, -c), each <= ctx and above max_new (else exits
+ * with a message); returns how many. Shared by the task runners (task.c, task_code.c). */
+int task_lengths(const Options *o, int ctx, int max_new, int *lens);
 
 #endif

@@ -6,6 +6,7 @@
  */
 #include "task_code.h"
 #include "eval_impl.h"
+#include "task.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -237,15 +238,7 @@ int run_task_code(Model *m, const Options *o) {
     if (o->steps_set && o->steps == 0) fatal("-m task -n 0 leaves no token to answer with: give the answer's length "
                                              "(default %d for code)", TASK_CODE_ANSWER_TOKENS);
     int max_new = o->steps_set ? o->steps : TASK_CODE_ANSWER_TOKENS;
-    int n_lens = o->n_lengths ? o->n_lengths : 3, lens[MAX_PASSKEY_CELLS];
-    for (int li = 0; li < n_lens; li++) lens[li] = o->n_lengths ? o->lengths[li] : ctx / (1 << (2 - li));
-    for (int li = 0; li < n_lens; li++) {
-        if (lens[li] > ctx)
-            fatal("-lengths: %d tokens is over -c %d, the cache of full and of the selection policies; use -c %d or a "
-                  "shorter length", lens[li], ctx, lens[li]);
-        if (lens[li] <= max_new)
-            fatal("-lengths: %d tokens leaves no room for a prompt beside the %d answer tokens (-n)", lens[li], max_new);
-    }
+    int lens[MAX_PASSKEY_CELLS], n_lens = task_lengths(o, ctx, max_new, lens);
     char err[1024];
     CodeSet set;
     if (code_load(&set, code_root(), err, sizeof err)) fatal("-task code: %s", err);

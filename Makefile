@@ -37,7 +37,7 @@ CFLAGS  += $(CUDA_DEF)
 
 # The engine's objects, shared by ./run and the tests; main lives in main.c (./run) and export_main.c (./export), so
 # tests link everything else. tools/deps.sh prints which object uses which.
-ENGINE  := util model matmul run kv kv_tier lowrank attn_cpu policies tokenizer eval task task_code cli export pool trace serve
+ENGINE  := util model matmul run kv kv_tier lowrank attn_cpu policies tokenizer eval task task_code task_text cli export pool trace serve
 ENGINE_O := $(ENGINE:%=$(BUILD)/%.o)
 LIB_O   := $(ENGINE_O) $(CUDA_O)
 LDLIBS  += $(CUDA_LIBS)

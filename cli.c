@@ -10,6 +10,7 @@
 #include "serve.h"
 #include "task.h"
 #include "task_code.h"
+#include "task_text.h"
 #include "trace.h"
 
 #include <errno.h>
@@ -77,7 +78,8 @@ static const FlagDef FLAGS[] = {
                                     "skip it"},
     {"-task", "NAME", M_TASK, "the task: niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER's needles), "
      "vt (variable tracking), cwe (common words), passkey; code (completion of the next line of a pinned C header, "
-     "$KVLAB_CODE_ROOT or /usr/include)"},
+     "$KVLAB_CODE_ROOT or /usr/include); summary, docqa, dialogue (natural text: the pinned licence texts, "
+     "$KVLAB_TEXT_ROOT or /usr/share/common-licenses, or -docs; scored against full by token F1 and ROUGE-L)"},
     {"-items", "N", M_TASK, "items per (length, depth) cell, default 2"},
     {"-questions", "N", M_TASK, "niah_multikey as a shared context: N keys (2 to 10) asked of one context, one "
      "question each (SCBench)"},
@@ -90,7 +92,8 @@ static const FlagDef FLAGS[] = {
     {"-requests", "N", M_SERVE, "generated requests, default 64 (with -sharegpt: read at most N)"},
     {"-pattern", "P", M_SERVE, "which document a generated request reads: sequential (default), random, hotspot "
      "(Zipf, s = 1)"},
-    {"-docs", "FILE", M_SERVE, "a document of the generated trace; repeatable"},
+    {"-docs", "FILE", M_SERVE | M_TASK, "serve: a document of the generated trace; task summary, docqa, dialogue: "
+     "a text to draw items from, read whole, in place of the pinned licences; repeatable"},
     {"-pool", "SIZE", M_SERVE, "the KV pool: bytes (512MiB) or P% of the trace's full-cache demand (f32), default "
      "100%"},
     {"-arrival", "STEPS", M_SERVE, "mean steps between arrivals (exponential, seeded), default 2 (generated), 0 "
@@ -342,8 +345,9 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
             return errorf(err, errlen, "bad -passkey2 '%s': 1 (ask the two-turn variant, the default) or 0 (skip it)", v);
         o->passkey2 = v[0] == '1';
     } else if (!strcmp(a, "-task")) {
-        if (task_parse(v) < 0 && strcmp(v, TASK_CODE_NAME))
-            return errorf(err, errlen, "unknown -task '%s'; tasks: %s, %s", v, task_names(), TASK_CODE_NAME);
+        if (task_parse(v) < 0 && strcmp(v, TASK_CODE_NAME) && text_task_parse(v) < 0)
+            return errorf(err, errlen, "unknown -task '%s'; tasks: %s, %s, %s", v, task_names(), TASK_CODE_NAME,
+                          text_task_names());
         o->task = v;
     } else if (!strcmp(a, "-items")) {
         if (parse_long(v, 1, 1 << 20, &n)) return errorf(err, errlen, "bad -items '%s': items per cell in [1, %d]", v, 1 << 20);
@@ -690,7 +694,8 @@ int cli_main(int argc, char **argv) {
     if (!strcmp(o.mode, "ppl")) rc = run_ppl(&m, &o);
     else if (!strcmp(o.mode, "bench")) rc = run_bench(&m, &o);
     else if (!strcmp(o.mode, "passkey")) rc = run_passkey(&m, &o);
-    else if (!strcmp(o.mode, "task")) rc = !strcmp(o.task, TASK_CODE_NAME) ? run_task_code(&m, &o) : run_task(&m, &o);
+    else if (!strcmp(o.mode, "task")) rc = !strcmp(o.task, TASK_CODE_NAME) ? run_task_code(&m, &o)
+                                         : text_task_parse(o.task) >= 0 ? run_task_text(&m, &o) : run_task(&m, &o);
     else if (!strcmp(o.mode, "serve")) rc = run_serve(&m, &o);
     else {
         rc = run_generate_chat(&m, &o, cuda);

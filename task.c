@@ -1,7 +1,7 @@
 /* task.c: -m task: RULER-style synthetic tasks (task.h names them and states RULER's definitions), generated from a
  * seed with exact answers, scored by RULER's string match, asked of every -kv policy through the engine exactly as in
  * generation (chunked prefill, greedy decode). It adds no model code, and no task that needs an outside text: the
- * haystack is the passkey's filler. Shared-context questions (SCBench's two protocols) are here; natural tasks are not.
+ * haystack is the passkey's filler. Shared-context questions (SCBench's two protocols) are here; the natural tasks are in task_code.c and task_text.c.
  *
  * Dimensions: n_units (filler units of an item), length (tokens of a cell: prompt and answer), ctx (-c).
  */
@@ -632,6 +632,7 @@ int run_task(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("-m task needs a model with a tokenizer");
     int kind_i = task_parse(o->task ? o->task : "");
     if (kind_i < 0) fatal("-m task needs -task NAME; tasks: %s", task_names());
+    if (o->n_docs) fatal("-docs is for the natural tasks (summary, docqa, dialogue): -task %s generates its own text", o->task);
     TaskKind kind = (TaskKind)kind_i;
     int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : 32, items = o->items ? o->items : 2;
     if (o->steps_set && o->steps == 0) fatal("-m task -n 0 leaves no token to answer with: give the answer's length "

@@ -233,6 +233,7 @@ typedef struct { int file, full, n; } CodeCell;   /* per length: items matching 
 
 int run_task_code(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("-m task needs a model with a tokenizer");
+    if (o->n_docs) fatal("-docs is for the natural tasks (summary, docqa, dialogue): -task code reads the pinned headers");
     if (o->n_depths) fatal("-task code has no depth (an item is a header's first part): drop -depths");
     int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : 32, items = o->items ? o->items : 2;
     if (o->steps_set && o->steps == 0) fatal("-m task -n 0 leaves no token to answer with: give the answer's length "

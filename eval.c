@@ -480,6 +480,19 @@ void policy_run_init(PolicyRun *r, const Model *m, const Options *o, const char 
     r->is_shadow = shadow;
 }
 
+void policy_specs_check(const Model *m, const Options *o, int ctx) {
+    KVShape shape = model_kv_shape(m, ctx);
+    for (int k = 0; k < o->n_kv; k++) {
+        char err[512];
+        KVSpec spec;
+        KVCache c;
+        if (kv_spec_parse(&spec, o->kv[k], o->kvt, err, sizeof err) || kv_spec_check_mode(&spec, o->mode, err, sizeof err))
+            fatal("-kv: %s", err);
+        if (kv_cache_init_lanes(&c, &shape, &spec, o->kv_caps[k], err, sizeof err)) fatal("%s", err);
+        kv_cache_free(&c);
+    }
+}
+
 void policy_run_free(PolicyRun *r) {
     line_free(&r->kvlog.line);
     free(r->asked.ids);
@@ -1180,6 +1193,7 @@ int run_bench(Model *m, const Options *o) {
     sha_init(&text_sha);
     int *tok = bench_tokens(m, o, ctx_max, &text_sha);
     OutFile out = OUTFILE_NONE;
+    policy_specs_check(m, o, ctx_max);   /* every spec the cache refuses, before any work */
     if (o->out) outfile_open(&out, "-o", o->out, 1);
     Provenance pv;
     provenance_init(&pv, m, o, &text_sha);
@@ -1455,6 +1469,7 @@ int run_passkey(Model *m, const Options *o) {
     Sha256 text_sha;
     sha_init(&text_sha);
     OutFile out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
+    policy_specs_check(m, o, ctx);   /* every spec the cache refuses, before any work */
     if (o->out) outfile_open(&out, "-o", o->out, 1);
     if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);
     Provenance pv;

@@ -64,6 +64,10 @@ void json_provenance_end(Line *l, const Provenance *pv);
 void policy_run_init(PolicyRun *r, const Model *m, const Options *o, const char *spec_text, int ctx, int shadow,
                      int chunk, const int *caps);
 void policy_run_free(PolicyRun *r);
+/* Every -kv spec of o parsed, checked against o->mode and its cache built (then freed) at ctx tokens, so that a spec
+ * the cache refuses (quest's page over its budget) is said before a job runs, not when its policy's turn comes;
+ * exits with the message. For the modes that run the policies one after another. */
+void policy_specs_check(const Model *m, const Options *o, int ctx);
 /* Fold the cache's bytes now into r->peak. */
 void note_bytes(PolicyRun *r);
 /* The progress line on stderr (at most every 5 s, and at the end): done of total tokens, rate, ETA. */

@@ -663,6 +663,7 @@ int run_task(Model *m, const Options *o) {
     Sha256 text_sha;
     sha_init(&text_sha);
     sha_update(&text_sha, PK_FILLER, strlen(PK_FILLER));   /* the filler is the text every item is made of */
+    policy_specs_check(m, o, ctx);   /* every spec the cache refuses, before any work */
     OutFile out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->out) outfile_open(&out, "-o", o->out, 1);
     if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);

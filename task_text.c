@@ -550,6 +550,7 @@ int run_task_text(Model *m, const Options *o) {
     Sha256 text_sha;
     sha_init(&text_sha);
     for (int i = 0; i < set.n; i++) sha_update(&text_sha, set.docs[i].data, set.docs[i].size);
+    policy_specs_check(m, o, ctx);   /* every spec the cache refuses, before any work */
     OutFile out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->out) outfile_open(&out, "-o", o->out, 1);
     if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);

@@ -12,7 +12,8 @@
 #    never drawn; with no -kv, full still runs (the reference) and says so;
 #  - bad input: -depths on summary, -questions, a -docs file that is missing, a length too short for the prompt, a
 #    length no slice of -docs fits, an unknown task (the message lists the natural ones), -docs with a task that makes
-#    its own text: one error line, exit 1.
+#    its own text, a -kv spec the cache refuses (said before full runs, for the natural, RULER and code runners): one
+#    error line, exit 1.
 # SKIPs without models/smollm2-135m-instruct.bin, under KVLAB_SANITIZE, or where the pinned licences are not here.
 set -u
 cd "$(dirname "$0")/.."
@@ -151,3 +152,7 @@ bad "no slice of whole paragraphs of -docs" -task summary -c 512 -lengths 512 -n
 bad "summary, docqa, dialogue" -task essay -c 512
 bad "-docs is for the natural tasks" -task vt -c 512 -docs "$tmp/short.txt"
 bad "-docs is for the natural tasks" -task code -c 512 -docs "$tmp/short.txt"
+# a spec the cache refuses is said before full (asked first) runs, for every task runner
+for t in summary niah_single code; do
+    bad "leaves no page to choose" -task $t -c 512 -lengths 512 -kv full -kv quest:64,page=1000
+done

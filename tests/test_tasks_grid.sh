@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/tasks.sh (`make tasks`, the task grid and its leaderboard) at its smallest on SmolLM2: one task, one length of
-# 256 tokens, 2 items, no shared runs: a record per (policy, item) for the grid's 12 policies, the leaderboard's 12
+# 256 tokens, 2 items, no shared runs: a record per (policy, item) for the grid's 14 policies, the leaderboard's 14
 # rows with full at ratio 1, a second run reusing the finished run. About 30 s on 2 quiet cores. SKIPs without the
 # model and under KVLAB_SANITIZE.
 set -u
@@ -15,11 +15,11 @@ export RUN=${KVLAB_RUN:-./run} TASKS_LIST=niah_single TASKS_LENGTHS=256 TASKS_IT
 tools/tasks.sh "$tmp/out" >"$tmp/log" 2>&1 || fail "tools/tasks.sh exited $?: $(tail -3 "$tmp/log")"
 n_rec=$(grep -c '"mode":"task"' "$tmp/out/niah_single.256.jsonl" 2>/dev/null)
 n_kv=$(grep -o '"kv":"[^"]*"' "$tmp/out/niah_single.256.jsonl" 2>/dev/null | sort -u | wc -l)
-[ "$n_rec" = 24 ] && [ "$n_kv" = 12 ] && pass "24 records of 12 policies (2 items each)" ||
+[ "$n_rec" = 28 ] && [ "$n_kv" = 14 ] && pass "28 records of 14 policies (2 items each)" ||
     fail "records: $n_rec of $n_kv policies: $(tail -2 "$tmp/log")"
 rows=$(grep -c '^| niah_single | 256 |' "$tmp/out/leaderboard.md" 2>/dev/null)
-grep -q '^| niah_single | 256 | `full` | 2 | [0-9.]* | [0-9.]* | 1.000 |$' "$tmp/out/leaderboard.md" && [ "$rows" = 12 ] &&
-    pass "leaderboard.md: 12 rows, full at ratio 1.000" || fail "leaderboard.md: $(cat "$tmp/out/leaderboard.md")"
+grep -q '^| niah_single | 256 | `full` | 2 | [0-9.]* | [0-9.]* | 1.000 |$' "$tmp/out/leaderboard.md" && [ "$rows" = 14 ] &&
+    pass "leaderboard.md: 14 rows, full at ratio 1.000" || fail "leaderboard.md: $(cat "$tmp/out/leaderboard.md")"
 tools/tasks.sh "$tmp/out" >"$tmp/log2" 2>&1
 grep -q 'niah_single.256: reused' "$tmp/log2" && grep -q '0 run(s) measured' "$tmp/log2" &&
     pass "a second run reuses the finished run" || fail "second run: $(cat "$tmp/log2")"

@@ -6,7 +6,8 @@
 #   lengths:  1024 and 4096 tokens (TASKS_LENGTHS), -c the length, 4 items per (task, length): depths 0.25 and 0.75
 #             with 2 items each (cwe has no depth: 4 items), seed 1
 #   policies at each length L, budgets B = L/4 and L/10 (25% and 10% of full's f32 bytes for the evicting ones):
-#             full; sink:B; h2o:B; snapkv:B (the question in its observation window; under B = 64: obs=B/2, quest's page=B/4);
+#             full; sink:B; h2o:B; snapkv:B (query=aware: the question in its observation window) and
+#             snapkv:B,query=agnostic (compressed before the question; under B = 64: obs=B/2, quest's page=B/4);
 #             quest:B (selection: it keeps
 #             every token, so its resident bytes stay full's and its saving is in bytes read); full,type=q4 and
 #             h2o:B,type=q4 (storage)
@@ -35,7 +36,8 @@ policies() {   # L -> the -kv arguments
         local snap=snapkv:$b   # its observation window (default 32) must leave slots to choose: at most B/2
         local quest=quest:$b   # and quest's pages (default 16 tokens) at least two in the budget
         [ $b -lt 64 ] && snap+=",obs=$((b / 2))" && quest+=",page=$((b / 4))"
-        printf -- '-kv\nsink:%d\n-kv\nh2o:%d\n-kv\n%s\n-kv\n%s\n-kv\nh2o:%d,type=q4\n' $b $b "$snap" "$quest" $b
+        printf -- '-kv\nsink:%d\n-kv\nh2o:%d\n-kv\n%s\n-kv\n%s,query=agnostic\n-kv\n%s\n-kv\nh2o:%d,type=q4\n' \
+            $b $b "$snap" "$snap" "$quest" $b
     done
 }
 runs=()   # NAME|LENGTH|ARGS

@@ -493,6 +493,23 @@ void policy_specs_check(const Model *m, const Options *o, int ctx) {
     }
 }
 
+void task_job_open(TaskJob *j, const Model *m, const Options *o, int ctx, const Sha256 *text, uint64_t seed) {
+    policy_specs_check(m, o, ctx);
+    OutFile none = OUTFILE_NONE;
+    j->out = j->kvlog = none;
+    if (o->out) outfile_open(&j->out, "-o", o->out, 1);
+    if (o->kvlog) outfile_open(&j->kvlog, "-kvlog", o->kvlog, 0);
+    provenance_init(&j->pv, m, o, text);
+    j->pv.seed = seed;
+    run_job_start();
+}
+
+void task_job_close(TaskJob *j) {
+    line_free(&j->pv.cmdline);
+    outfile_close(&j->out);
+    outfile_close(&j->kvlog);
+}
+
 void policy_run_free(PolicyRun *r) {
     line_free(&r->kvlog.line);
     free(r->asked.ids);

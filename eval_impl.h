@@ -68,6 +68,12 @@ void policy_run_free(PolicyRun *r);
  * the cache refuses (quest's page over its budget) is said before a job runs, not when its policy's turn comes;
  * exits with the message. For the modes that run the policies one after another. */
 void policy_specs_check(const Model *m, const Options *o, int ctx);
+/* A task runner's job: its -o and -kvlog files and its records' provenance (text: the digest of the texts its
+ * items are made of; seed: the items' seed). task_job_open checks every -kv spec first (policy_specs_check), opens
+ * the files, and starts the job's clock (run_job_start); exits with a message on error. */
+typedef struct { OutFile out, kvlog; Provenance pv; } TaskJob;
+void task_job_open(TaskJob *j, const Model *m, const Options *o, int ctx, const Sha256 *text, uint64_t seed);
+void task_job_close(TaskJob *j);
 /* Fold the cache's bytes now into r->peak. */
 void note_bytes(PolicyRun *r);
 /* The progress line on stderr (at most every 5 s, and at the end): done of total tokens, rate, ETA. */

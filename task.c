@@ -628,6 +628,20 @@ int task_lengths(const Options *o, int ctx, int max_new, int *lens) {
     return n_lens;
 }
 
+int task_reference_policies(const Options *o, const char *task, const char **specs, const int **caps, int *given) {
+    int ref_k = -1;
+    for (int k = 0; k < o->n_kv; k++) if (!strcmp(o->kv[k], "full")) { ref_k = k; break; }
+    if (ref_k < 0) run_note("-task %s: no -kv full given: full runs first anyway, as the reference every policy's "
+                            "answers are scored against (its table is marked reference)", task);
+    specs[0] = "full";
+    caps[0] = ref_k >= 0 ? o->kv_caps[ref_k] : NULL;
+    int n = 1;
+    for (int k = 0; k < o->n_kv; k++)
+        if (k != ref_k) { specs[n] = o->kv[k]; caps[n] = o->kv_caps[k]; n++; }
+    *given = ref_k >= 0;
+    return n;
+}
+
 int run_task(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("-m task needs a model with a tokenizer");
     int kind_i = task_parse(o->task ? o->task : "");
@@ -663,15 +677,9 @@ int run_task(Model *m, const Options *o) {
     Sha256 text_sha;
     sha_init(&text_sha);
     sha_update(&text_sha, PK_FILLER, strlen(PK_FILLER));   /* the filler is the text every item is made of */
-    policy_specs_check(m, o, ctx);   /* every spec the cache refuses, before any work */
-    OutFile out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
-    if (o->out) outfile_open(&out, "-o", o->out, 1);
-    if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);
-    Provenance pv;
-    provenance_init(&pv, m, o, &text_sha);
-    pv.seed = seed;
+    TaskJob job;
+    task_job_open(&job, m, o, ctx, &text_sha, seed);   /* every -kv spec checked first */
     Line ln = {0};
-    run_job_start();
     fprintf(stderr, "task %s: lengths", task_name(kind));
     for (int li = 0; li < n_lens; li++) fprintf(stderr, " %d", lens[li]);
     if (kind == TASK_CWE) fprintf(stderr, " tokens, no depth");
@@ -691,7 +699,7 @@ int run_task(Model *m, const Options *o) {
         uint64_t rng = seed;   /* every policy is asked the same items */
         PolicyRun r;
         policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
-        if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
+        if (o->kvlog) kvlog_attach(&r.kvlog, &job.kvlog, m, &r.asked, &r.cache);
         memset(cells, 0, (size_t)n_lens * n_depths * sizeof *cells);
         double qsum[TASK_MAX_NEEDLES] = {0};   /* -questions: Σ score and count per question (turn) */
         int qn[TASK_MAX_NEEDLES] = {0};
@@ -710,7 +718,7 @@ int run_task(Model *m, const Options *o) {
                               "%d tokens", lens[li], task_name(kind), depths[di], smallest);
                     ItemRun ir = {m, o, &r, &it, &p, kind, lens[li], kind == TASK_CWE ? NAN : depths[di], rep,
                                   item_seed, it.n_needles ? prompt_tokens_before(m, &p, it.needle_at[0]) : -1,
-                                  prompt_tokens_before(m, &p, it.question_at), stop, chunk, max_new, &out, &ln, &pv,
+                                  prompt_tokens_before(m, &p, it.question_at), stop, chunk, max_new, &job.out, &ln, &job.pv,
                                   &cells[li * n_depths + di], qsum, qn};
                     int rc = o->questions ? ask_shared(&ir) : ask_one(&ir);
                     prompt_free(&p);
@@ -757,8 +765,6 @@ int run_task(Model *m, const Options *o) {
                          "recorded\n", run_signal_name(run_signal));
     free(cells);
     line_free(&ln);
-    line_free(&pv.cmdline);
-    outfile_close(&out);
-    outfile_close(&kvlog);
+    task_job_close(&job);
     return stopped ? 128 + run_signal : 0;
 }

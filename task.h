@@ -115,7 +115,11 @@ TaskScore task_score_answers(const char (*expected)[16], int n, const char *outp
  * item answered before is printed and written). */
 int run_task(Model *m, const Options *o);
 /* -lengths resolved into lens[MAX_PASSKEY_CELLS] (default -c/4, -c/2, -c), each <= ctx and above max_new (else exits
- * with a message); returns how many. Shared by the task runners (task.c, task_code.c). */
+ * with a message); returns how many. Shared by the task runners (task.c, task_code.c, task_text.c). */
 int task_lengths(const Options *o, int ctx, int max_new, int *lens);
+/* The policies of a runner that scores against full's answers (task_code.c, task_text.c): full first, the -kv full
+ * given (with its -caps) or, when none is, full added with a note naming the task; then every other -kv in order,
+ * into specs and caps (MAX_POLICIES + 1 entries each). Returns how many; *given: 1 when -kv named full. */
+int task_reference_policies(const Options *o, const char *task, const char **specs, const int **caps, int *given);
 
 #endif

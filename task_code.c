@@ -255,30 +255,16 @@ int run_task_code(Model *m, const Options *o) {
     if (set.n_skipped) run_note("-task code: %d of %d pinned headers skipped under '%s': %s", set.n_skipped,
                                 CODE_N_PINS, set.root, set.skipped);
     /* full first, as the reference: the -kv full given, or one added */
-    int n_given = o->n_kv, ref_k = -1;
-    for (int k = 0; k < n_given; k++) if (!strcmp(o->kv[k], "full")) { ref_k = k; break; }
-    int n_pol = n_given + (ref_k < 0);
-    if (ref_k < 0) run_note("-task code: no -kv full given: full runs first anyway, as the reference every policy's "
-                            "answers are matched against (its table is marked reference)");
     const char *specs[MAX_POLICIES + 1];
     const int *caps[MAX_POLICIES + 1];
-    specs[0] = "full";
-    caps[0] = ref_k >= 0 ? o->kv_caps[ref_k] : NULL;
-    for (int k = 0, j = 1; k < n_given; k++)
-        if (k != ref_k) { specs[j] = o->kv[k]; caps[j] = o->kv_caps[k]; j++; }
+    int full_given, n_pol = task_reference_policies(o, "code", specs, caps, &full_given);
     uint64_t seed = o->seed_set ? o->seed : 1;
     Sha256 text_sha;
     sha_init(&text_sha);
     for (int i = 0; i < set.n; i++) sha_update(&text_sha, set.files[i].data, set.files[i].size);
-    policy_specs_check(m, o, ctx);   /* every spec the cache refuses, before any work */
-    OutFile out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
-    if (o->out) outfile_open(&out, "-o", o->out, 1);
-    if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);
-    Provenance pv;
-    provenance_init(&pv, m, o, &text_sha);
-    pv.seed = seed;
+    TaskJob job;
+    task_job_open(&job, m, o, ctx, &text_sha, seed);   /* every -kv spec checked first */
     Line ln = {0};
-    run_job_start();
     fprintf(stderr, "task code: %d of %d pinned headers under %s (%d skipped%s%s), lengths", set.n, CODE_N_PINS,
             set.root, set.n_skipped, set.n_skipped ? ": " : "", set.skipped);
     for (int li = 0; li < n_lens; li++) fprintf(stderr, " %d", lens[li]);
@@ -301,7 +287,7 @@ int run_task_code(Model *m, const Options *o) {
         uint64_t rng = seed;   /* every policy is asked the same items */
         PolicyRun r;
         policy_run_init(&r, m, o, specs[k], ctx, 0, chunk, caps[k]);
-        if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
+        if (o->kvlog) kvlog_attach(&r.kvlog, &job.kvlog, m, &r.asked, &r.cache);
         memset(cells, 0, (size_t)n_lens * sizeof *cells);
         double t_policy = now_s();
         for (int li = 0; li < n_lens && !stopped; li++)
@@ -344,7 +330,7 @@ int run_task_code(Model *m, const Options *o) {
                 cells[li].file += mf;
                 cells[li].full += mr;
                 cells[li].n++;
-                if (out.fd >= 0) {
+                if (job.out.fd >= 0) {
                     line_printf(&ln, "{\"mode\":\"task\",\"task\":\"code\",\"family\":\"code\",\"variant\":null,"
                                 "\"kv\":\"");
                     line_json_str(&ln, r.cache.spec.text);
@@ -372,8 +358,8 @@ int run_task_code(Model *m, const Options *o) {
                                 "\"kv_peak_live_bytes\":%zu,\"kv_alloc_bytes\":%zu,", mf, mr,
                                 rc == PK_CACHE_FULL ? "true" : "false", bytes.total_live, bytes.peak_live,
                                 bytes.total_alloc);
-                    json_provenance_end(&ln, &pv);
-                    outfile_line(&out, &ln);
+                    json_provenance_end(&ln, &job.pv);
+                    outfile_line(&job.out, &ln);
                 }
                 done_tokens += lens[li];
                 progress(t_job, done_tokens, total_tokens, "task code");
@@ -405,7 +391,7 @@ int run_task_code(Model *m, const Options *o) {
             "items");
     for (int k = 0; k < n_pol; k++)
         if (asked[k]) fprintf(stderr, "%-28s %8.3f %8.3f %6d%s\n", specs[k], totals[k][0], totals[k][1], asked[k],
-                              k == 0 && ref_k < 0 ? " (reference, not asked with -kv)" : "");
+                              k == 0 && !full_given ? " (reference, not asked with -kv)" : "");
     if (stopped) fprintf(stderr, "task code: stopped by %s: the item being asked was dropped; every answer above is "
                          "recorded\n", run_signal_name(run_signal));
     for (int i = 0; i < n_items; i++) free(ref[i]);
@@ -417,8 +403,6 @@ int run_task_code(Model *m, const Options *o) {
     free(plans);
     code_set_free(&set);
     line_free(&ln);
-    line_free(&pv.cmdline);
-    outfile_close(&out);
-    outfile_close(&kvlog);
+    task_job_close(&job);
     return stopped ? 128 + run_signal : 0;
 }

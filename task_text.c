@@ -536,29 +536,15 @@ int run_task_text(Model *m, const Options *o) {
         free(it.ids);
     }
     /* full first, as the reference: the -kv full given, or one added */
-    int n_given = o->n_kv, ref_k = -1;
-    for (int k = 0; k < n_given; k++) if (!strcmp(o->kv[k], "full")) { ref_k = k; break; }
-    int n_pol = n_given + (ref_k < 0);
-    if (ref_k < 0) run_note("-task %s: no -kv full given: full runs first anyway, as the reference every policy's "
-                            "answers are scored against (its table is marked reference)", text_task_name(kind));
     const char *specs[MAX_POLICIES + 1];
     const int *caps[MAX_POLICIES + 1];
-    specs[0] = "full";
-    caps[0] = ref_k >= 0 ? o->kv_caps[ref_k] : NULL;
-    for (int k = 0, j = 1; k < n_given; k++)
-        if (k != ref_k) { specs[j] = o->kv[k]; caps[j] = o->kv_caps[k]; j++; }
+    int full_given, n_pol = task_reference_policies(o, text_task_name(kind), specs, caps, &full_given);
     Sha256 text_sha;
     sha_init(&text_sha);
     for (int i = 0; i < set.n; i++) sha_update(&text_sha, set.docs[i].data, set.docs[i].size);
-    policy_specs_check(m, o, ctx);   /* every spec the cache refuses, before any work */
-    OutFile out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
-    if (o->out) outfile_open(&out, "-o", o->out, 1);
-    if (o->kvlog) outfile_open(&kvlog, "-kvlog", o->kvlog, 0);
-    Provenance pv;
-    provenance_init(&pv, m, o, &text_sha);
-    pv.seed = seed;
+    TaskJob job;
+    task_job_open(&job, m, o, ctx, &text_sha, seed);   /* every -kv spec checked first */
     Line ln = {0};
-    run_job_start();
     fprintf(stderr, "task %s: %d texts (%s, %d skipped), lengths", text_task_name(kind), set.n,
             set.root[0] ? set.root : "-docs", set.n_skipped);
     for (int li = 0; li < n_lens; li++) fprintf(stderr, " %d", lens[li]);
@@ -583,7 +569,7 @@ int run_task_text(Model *m, const Options *o) {
         uint64_t rng = seed;   /* every policy is asked the same items */
         PolicyRun r;
         policy_run_init(&r, m, o, specs[k], ctx, 0, chunk, caps[k]);
-        if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
+        if (o->kvlog) kvlog_attach(&r.kvlog, &job.kvlog, m, &r.asked, &r.cache);
         memset(cells, 0, (size_t)n_cells * sizeof *cells);
         memset(per_turn, 0, sizeof per_turn);
         double t_policy = now_s();
@@ -641,7 +627,7 @@ int run_task_text(Model *m, const Options *o) {
                             cs[c]->same += one.same;
                             cs[c]->n++;
                         }
-                        if (out.fd < 0) continue;
+                        if (job.out.fd < 0) continue;
                         line_printf(&ln, "{\"mode\":\"task\",\"task\":\"%s\",\"family\":\"natural\",\"variant\":null,"
                                     "\"kv\":\"", text_task_name(kind));
                         line_json_str(&ln, r.cache.spec.text);
@@ -672,8 +658,8 @@ int run_task_text(Model *m, const Options *o) {
                         line_printf(&ln, "\"f1_full\":%.6g,\"rouge_l_full\":%.6g,\"same_full\":%d,\"kv_live_bytes\":%zu,"
                                     "\"kv_peak_live_bytes\":%zu,\"kv_alloc_bytes\":%zu,", one.f1_full, one.rouge_full,
                                     one.same, bytes.total_live, bytes.peak_live, bytes.total_alloc);
-                        json_provenance_end(&ln, &pv);
-                        outfile_line(&out, &ln);
+                        json_provenance_end(&ln, &job.pv);
+                        outfile_line(&job.out, &ln);
                     }
                     free(it.ids);
                     if (stopped) break;
@@ -719,7 +705,7 @@ int run_task_text(Model *m, const Options *o) {
         fprintf(stderr, "%-28s %8.3f %8.3f %8.3f", specs[k], c->f1_full / c->n, c->rouge_full / c->n,
                 (double)c->same / c->n);
         if (docqa) fprintf(stderr, " %8.3f %8.3f", c->f1_truth / c->n, c->rouge_truth / c->n);
-        fprintf(stderr, " %7d%s\n", c->n, k == 0 && ref_k < 0 ? " (reference, not asked with -kv)" : "");
+        fprintf(stderr, " %7d%s\n", c->n, k == 0 && !full_given ? " (reference, not asked with -kv)" : "");
     }
     if (stopped) fprintf(stderr, "task %s: stopped by %s: the item being asked was dropped; every answer above is "
                          "recorded\n", text_task_name(kind), run_signal_name(run_signal));
@@ -729,8 +715,6 @@ int run_task_text(Model *m, const Options *o) {
     free(totals);
     text_set_free(&set);
     line_free(&ln);
-    line_free(&pv.cmdline);
-    outfile_close(&out);
-    outfile_close(&kvlog);
+    task_job_close(&job);
     return stopped ? 128 + run_signal : 0;
 }

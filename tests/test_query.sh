@@ -71,13 +71,7 @@ if "turns" in answers and "requests" in answers:
           f"aware: question 1 the same answer under turns and requests ({t1['answer'][:30]!r}, {q1['answer'][:30]!r})")
 PY
 
-expect_error() {   # NAME PATTERN ARGS...: exit 1, one stderr line (after the CPU note) matching PATTERN
-    local name=$1 pat=$2; shift 2
-    "$RUN" "$M" "$@" >/dev/null 2>"$tmp/e"; local rc=$?
-    grep -v "^run: note" "$tmp/e" >"$tmp/e1"
-    if [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/e1")" -eq 1 ] && grep -qF -- "$pat" "$tmp/e1"; then echo "PASS $name -> $(cat "$tmp/e1")"
-    else echo "FAIL $name: rc $rc, stderr: $(head -c 300 "$tmp/e")"; fi
-}
+source tests/lib.sh   # expect_error
 expect_error "query=foo" "bad query=foo in 'snapkv:64,query=foo': aware" -m task -task vt -kv snapkv:64,query=foo
 expect_error "query=agnostic in generate" "query=agnostic compresses at the end of the shared context, which only -m task knows" \
     -m generate -i hello -n 2 -kv snapkv:64,query=agnostic

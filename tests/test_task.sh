@@ -132,13 +132,7 @@ check(len(ft) == 3 and len(fq) == 3 and len(per) == 1,
       f"requests (the context and one question: {[r['kv_live_bytes'] for r in fq]})")
 PY
 
-expect_error() {   # NAME PATTERN ARGS...: exit 1, one stderr line (after the CPU note) matching PATTERN
-    local name=$1 pat=$2; shift 2
-    "$RUN" "$M" "$@" >/dev/null 2>"$tmp/e"; local rc=$?
-    grep -v "^run: note" "$tmp/e" >"$tmp/e1"
-    if [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/e1")" -eq 1 ] && grep -qF -- "$pat" "$tmp/e1"; then echo "PASS $name -> $(cat "$tmp/e1")"
-    else echo "FAIL $name: rc $rc, stderr: $(head -c 300 "$tmp/e")"; fi
-}
+source tests/lib.sh   # expect_error
 expect_error "unknown -task" "unknown -task 'niah'; tasks: passkey, niah_single" -m task -task niah
 expect_error "-task without -m task" "-task is not used by -m passkey (it is for task)" -m passkey -task vt
 expect_error "-m task without -task" "-m task needs -task NAME" -m task

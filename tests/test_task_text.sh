@@ -135,14 +135,8 @@ sys.exit(0 if len(r)==4 and all(x['skipped']==1 and x['docs']==13 and x['doc']!=
     echo "PASS KVLAB_TEXT_ROOT with GPL-2 altered: counted as skipped, never drawn; full runs as the reference"
 else echo "FAIL KVLAB_TEXT_ROOT run: exit $rc: $(tail -2 "$tmp/root.err")"; fi
 
-bad() {   # expected message, args...
-    local want=$1; shift
-    "$RUN" "$M" -m task "$@" >"$tmp/bad.out" 2>"$tmp/bad.err"
-    local rc=$?
-    if [ $rc -eq 1 ] && grep -q -- "$want" "$tmp/bad.err" && [ "$(wc -l <"$tmp/bad.err")" -le 2 ]; then
-        echo "PASS bad input ($*): $(tail -1 "$tmp/bad.err")"
-    else echo "FAIL bad input ($*): exit $rc, wanted '$want': $(tail -2 "$tmp/bad.err")"; fi
-}
+source tests/lib.sh   # expect_error
+bad() { local want=$1; shift; expect_error "bad input ($*)" "$want" -m task "$@"; }
 bad "has no depth" -task summary -c 512 -depths 0.5
 bad "use -task niah_multikey" -task dialogue -c 1024 -questions 2
 bad "missing.txt" -task docqa -c 512 -docs "$tmp/missing.txt"

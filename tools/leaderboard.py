@@ -12,7 +12,8 @@ at ratio 1. The policy name (the spec before ':' or ',') groups a family's budge
   leaderboard.py RECORDS.jsonl... [--metric M] [--bytes live|peak] [--jsonl OUT] [--dat OUT] [--plot OUT.png]
 
 --bytes live|peak: which resident bytes (above).
---metric: the record field scored (default score: RULER's string match; exact, or a natural task's f1 / rouge_l).
+--metric: the record field scored (default score: RULER's string match; exact; match_file or match_full for code;
+f1_full, rouge_l_full, same_full, or docqa's f1_truth, for the natural tasks, whose dialogue turns count as items).
 A shared-context record's task reads "niah_multikey/turns" (or /requests), so its protocol is a task of its own.
 --jsonl: one JSON line per (task, length, kv): task, length, kv, policy, items, metric, mean, full_mean, bytes_ratio.
 --dat: a gnuplot table per task (blocks separated by two blank lines: bytes_ratio, mean, kv).

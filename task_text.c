@@ -205,6 +205,11 @@ int text_load(TextSet *s, const char *const *files, int n_files, const char *roo
         else snprintf(path, sizeof path, "%s/%s", root, TEXT_PINS[k].name);
         TextDoc *d = &s->docs[s->n];
         if (!n_files && (stat(path, &st) || !S_ISREG(st.st_mode))) { skip_note(s, TEXT_PINS[k].name, "missing"); continue; }
+        if (n_files && !stat(path, &st) && S_ISDIR(st.st_mode)) {
+            errorf(err, errlen, "-docs '%s' is a directory, not a text file", path);
+            text_set_free(s);
+            return -1;
+        }
         FILE *f = fopen(path, "rb");
         if (!f) {   /* -docs: a file named must be there (a pinned one was stat'ed) */
             errorf(err, errlen, "%s '%s': %s", n_files ? "-docs" : "pinned text", path, strerror(errno));
@@ -509,7 +514,11 @@ int run_task_text(Model *m, const Options *o) {
                                              "(default %d for %s)", text_answer_tokens(kind), text_task_name(kind));
     int max_new = o->steps_set ? o->steps : text_answer_tokens(kind);
     int turns = dialogue ? TEXT_TURNS : 1;
-    int lens[MAX_PASSKEY_CELLS], n_lens = task_lengths(o, ctx, max_new * turns, lens);
+    int lens[MAX_PASSKEY_CELLS], n_lens = task_lengths(o, ctx, max_new, lens);
+    for (int li = 0; li < n_lens; li++)
+        if (lens[li] <= max_new * turns)
+            fatal("-lengths: %d tokens leaves no room for a document beside dialogue's %d answers of %d tokens (-n, "
+                  "per turn): %d tokens", lens[li], turns, max_new, max_new * turns);
     static const double default_depths[] = {0.0, 0.25, 0.5, 0.75, 1.0};
     double no_depth = NAN;
     const double *depths = !docqa ? &no_depth : o->n_depths ? o->depths : default_depths;

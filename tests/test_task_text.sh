@@ -10,10 +10,10 @@
 #  - -docs <(...) (a pipe) is read whole: the records name it and its digest is sha256sum's;
 #  - $KVLAB_TEXT_ROOT at a copy of the licences with one altered: skipped=1 in the records and on stderr, that text
 #    never drawn; with no -kv, full still runs (the reference) and says so;
-#  - bad input: -depths on summary, -questions, a -docs file that is missing, a length too short for the prompt, a
-#    length no slice of -docs fits, an unknown task (the message lists the natural ones), -docs with a task that makes
-#    its own text, a -kv spec the cache refuses (said before full runs, for the natural, RULER and code runners): one
-#    error line, exit 1.
+#  - bad input: -depths on summary, -questions, a -docs file that is missing or a directory, a length too short for
+#    the prompt, a length no slice of -docs fits, an unknown task (the message lists the natural ones), -docs with a
+#    task that makes its own text, a -kv spec the cache refuses (said before full runs, for the natural, RULER and
+#    code runners), a dialogue -n whose 8 answers fill the length: one error line, exit 1.
 # SKIPs without models/smollm2-135m-instruct.bin, under KVLAB_SANITIZE, or where the pinned licences are not here.
 set -u
 cd "$(dirname "$0")/.."
@@ -140,6 +140,7 @@ bad() { local want=$1; shift; expect_error "bad input ($*)" "$want" -m task "$@"
 bad "has no depth" -task summary -c 512 -depths 0.5
 bad "use -task niah_multikey" -task dialogue -c 1024 -questions 2
 bad "missing.txt" -task docqa -c 512 -docs "$tmp/missing.txt"
+bad "is a directory" -task summary -c 512 -docs "$tmp"
 bad "is too short for -task docqa" -task docqa -c 512 -lengths 70 -n 8
 printf 'A short text.\n\nOf two paragraphs.\n' >"$tmp/short.txt"
 bad "no slice of whole paragraphs of -docs" -task summary -c 512 -lengths 512 -n 8 -docs "$tmp/short.txt"
@@ -150,3 +151,4 @@ bad "-docs is for the natural tasks" -task code -c 512 -docs "$tmp/short.txt"
 for t in summary niah_single code; do
     bad "leaves no page to choose" -task $t -c 512 -lengths 512 -kv full -kv quest:64,page=1000
 done
+bad "dialogue's 8 answers of 200 tokens" -task dialogue -c 1024 -n 200

@@ -445,7 +445,6 @@ static int turn_tokens(const Model *m, const Options *o, const char *user, int f
 typedef struct {
     TextSlice sl;
     TextQA qa;
-    uint64_t seed;
     int *ids;
     size_t n;
     int stop;
@@ -470,7 +469,6 @@ static int cell_overhead(const Model *m, const Options *o, TextKind kind, int ma
 static int item_make(TextItem *it, const Model *m, const Options *o, const TextSet *set, TextKind kind, int length,
                      int overhead, double depth, uint64_t seed) {
     memset(it, 0, sizeof *it);
-    it->seed = seed;
     uint64_t rng = seed;
     for (int t = 0; t < SLICE_TRIES; t++) {
         if (text_draw_slice(&it->sl, set, length - overhead, splitmix64(&rng), engine_count, (void *)m)) return -1;

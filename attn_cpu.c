@@ -531,6 +531,49 @@ static void wsum_quad_tail(float *o, size_t ld_o, const float *p, size_t ld_p, c
 /* Tokens per work item of the output phase: each value row comes from L2 or L3 once per item */
 #define WSUM_TOKENS 16
 
+/* The outputs of tokens [u0, u1) of a chunk for lane g's query heads: token u sums rows 0 .. n0 + u of the lane's
+ * rows (vp: f32 rows; vb, vt: the same rows as weighted_sum_stored reads them) with its probabilities P + u·ld_u +
+ * h·ld_h, into out (tokens, n_heads·hd). With AVX and head_dim a multiple of 16, four tokens at a time in pieces of
+ * WSUM_ROWS value rows, each piece read from L2 or L3 once for all the item's tokens and heads; the tokens left over
+ * (fewer than four) one at a time. Every output in wsum_stored_body's order. */
+static void wsum_tokens(float *out, const float *P, size_t ld_u, size_t ld_h, const float *const *vp,
+                        const uint8_t *const *vb, const uint8_t *vt, int g, int n0, int u0, int u1, int nh, int G,
+                        int hd) {
+    size_t q_dim = (size_t)nh * hd;
+    int u = u0;
+#ifdef __AVX__
+    if (hd % WSUM_COLS == 0) {
+        int uq = u0 + (u1 - u0) / 4 * 4;   /* tokens [u0, uq) go in fours; four tokens from u share rows 0..n0 + u,
+                                              and the last three rows as wsum_quad_tail adds them */
+        for (int i0 = 0; i0 < n0 + uq - 3; i0 += WSUM_ROWS)
+            for (int u4 = u0; u4 < uq; u4 += 4) {
+                int shared = n0 + u4 + 1, i1 = i0 + WSUM_ROWS < shared ? i0 + WSUM_ROWS : shared;
+                for (int d0 = 0; d0 < hd && i0 < i1; d0 += WSUM_COLS)
+                    for (int hh = 0; hh < G; hh++)
+                        wsum_quad_rows(out + (size_t)u4 * q_dim + (size_t)(g * G + hh) * hd, q_dim,
+                                       P + u4 * ld_u + (g * G + hh) * ld_h, ld_u, vp, i0, i1, d0, i0 == 0);
+            }
+        for (int u4 = u0; u4 < uq; u4 += 4)
+            for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
+                for (int hh = 0; hh < G; hh++)
+                    wsum_quad_tail(out + (size_t)u4 * q_dim + (size_t)(g * G + hh) * hd, q_dim,
+                                   P + u4 * ld_u + (g * G + hh) * ld_h, ld_u, vp, n0 + u4 + 1, d0);
+        u = uq;
+    }
+#endif
+    for (; u < u1; u++) {
+        float *oa[G];
+        const float *pa[G];
+        for (int hh = 0; hh < G; hh++) {
+            oa[hh] = out + (size_t)u * q_dim + (size_t)(g * G + hh) * hd;
+            pa[hh] = P + u * ld_u + (g * G + hh) * ld_h;
+        }
+        for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
+            weighted_sum_stored(oa, pa, vb, vt, n0 + u + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G,
+                                kv_group(hd));
+    }
+}
+
 /* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:
  * chunk_room), and the policy and the hook see each token's probabilities in c->scores, pointed at the token's rows of
  * P while they look. It reads and writes nothing the output phase uses, so the two run at the same time. */
@@ -643,49 +686,188 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         #pragma omp for schedule(dynamic)
         for (int item = 0; item < n_kv * n_items; item++) {
             int g = item / n_items, u0 = item % n_items * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
-            int u = u0;
-#ifdef __AVX__
-            if (hd % WSUM_COLS == 0) {
-                const float *const *vp = c->vptr + (size_t)g * B;
-                int uq = u0 + (u1 - u0) / 4 * 4;   /* tokens [u0, uq) go in fours; four tokens from u share rows
-                                                      0..n0 + u, and the last three rows as wsum_quad_tail adds them */
-                for (int i0 = 0; i0 < n0[g] + uq - 3; i0 += WSUM_ROWS)
-                    for (int u4 = u0; u4 < uq; u4 += 4) {
-                        int shared = n0[g] + u4 + 1, i1 = i0 + WSUM_ROWS < shared ? i0 + WSUM_ROWS : shared;
-                        for (int d0 = 0; d0 < hd && i0 < i1; d0 += WSUM_COLS)
-                            for (int hh = 0; hh < G; hh++) {
-                                size_t row = (size_t)u4 * nh + g * G + hh;
-                                wsum_quad_rows(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, i0, i1, d0,
-                                               i0 == 0);
-                            }
-                    }
-                for (int u4 = u0; u4 < uq; u4 += 4)
-                    for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-                        for (int hh = 0; hh < G; hh++) {
-                            size_t row = (size_t)u4 * nh + g * G + hh;
-                            wsum_quad_tail(out + row * hd, q_dim, P + row * B, (size_t)nh * B, vp, n0[g] + u4 + 1, d0);
-                        }
-                u = uq;
-            }
-#endif
-            for (; u < u1; u++) {
-                float *oa[G];
-                const float *pa[G];
-                for (int hh = 0; hh < G; hh++) {
-                    size_t row = (size_t)u * nh + g * G + hh;
-                    oa[hh] = out + row * hd;
-                    pa[hh] = P + row * B;
-                }
-                for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-                    weighted_sum_stored(oa, pa, c->vrow + (size_t)g * B, c->vrow_type + (size_t)g * B, n0[g] + u + 1,
-                                        d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G, kv_group(hd));
-            }
+            wsum_tokens(out, P, (size_t)nh * B, B, c->vptr + (size_t)g * B, c->vrow + (size_t)g * B,
+                        c->vrow_type + (size_t)g * B, g, n0[g], u0, u1, nh, G, hd);
         }
     }
     /* as after kv_attend_cpu, c->scores holds the last token's probabilities */
     if (!rc)
         for (int h = 0; h < nh; h++)
             memcpy(scores + (size_t)h * B, P + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * A chunk through a full lane that evicts as it goes (sink, window, h2o, tova, ... at steady state: attend_evict).
+ * Token by token, token u's live list is the lane's list after its own store: the list before it minus the slots
+ * its step 1 freed, plus its own slot at the end. Eviction takes slots out of the list without reordering it and a
+ * store appends, so every token's live list is an ordered subsequence of one list, the union U: the lane's live
+ * tokens when the chunk begins, then the chunk's n tokens. Step 3 then goes a chunk at a time, exactly:
+ *   scores   every query of the chunk against every key of U (as attend_static: the lane's keys read once per chunk
+ *            before any store, the new ones as kv_append will store them, chunk_key), into rows of U's positions;
+ *   steps    token by token on one thread, in order: kv_append (step 1 chooses victims from the policy's state after
+ *            the previous token's step 4, as at -chunk 1), then for each head the scores of the token's live ranks
+ *            gathered from U's positions into c->scores, softmax_inplace over them (the same n_live values in the
+ *            same rank order as kv_attend_cpu, so the same bits), step 4 and the hook; the probabilities are put back
+ *            at their U positions, every other position of the row (evicted before this token, or after it) 0;
+ *   outputs  attend_static's output phase over U's rows. An output is 0 + p_0 v_0 + p_1 v_1 + ... over U in order;
+ *            a row the token does not see adds 0·v = ±0, which leaves a sum started from +0 unchanged bit for bit
+ *            (a sum that is ±0 here is +0: x + (-x) rounds to +0), so each output is kv_attend_cpu's sum over the
+ *            token's live ranks. The values are copied (decoded) before the steps, since a store may reuse the
+ *            slot of a value an earlier token of the chunk still reads.
+ * Only under pos=orig (under pos=cache a key's rotation is its rank, which changes as slots are freed) and where
+ * attend_static's other conditions hold; tests/test_eval.sh checks every registered policy at -chunk 5 and 64 against
+ * -chunk 1, bit for bit. */
+
+/* Whether attend_evict may run layer l's next tokens from position t: chunk_room's conditions, pos=orig, a policy
+ * that evicts, one sequence's own lanes (a pool's lanes take and give back pages inside kv_append) and no alloc=ada. */
+static int chunk_evicts(const KVCache *c, int t) {
+    const KVPolicyOps *ops = c->policy.ops;
+    return !(c->device || c->n_bands > 1 || c->kgroup || ops->prune || ops->merge || ops->select ||
+             kv_query_selects(c, t) || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada ||
+             c->pool || c->merge_evict || c->spec.pos != POS_ORIG || !ops->evict);
+}
+
+/* attend_evict's scratch, shared as chunk_scratch is: probabilities (tokens, n_heads, W) at U's positions (W: the
+ * longest U), U's values decoded (n_kv_heads, W, head_dim) with their row pointers, and each lane's slot -> U
+ * position (n_kv_heads, budget). */
+static struct {
+    float *p, *v;
+    const float **vp;
+    const uint8_t **vb;
+    uint8_t *vt;
+    int *upos;
+    size_t p_cap, v_cap, vp_cap, upos_cap;
+} evict_scratch;
+
+static int evict_reserve(KVCache *c, int n, int W) {
+    const KVShape *s = &c->shape;
+    size_t np = (size_t)n * s->n_heads * W, nv = (size_t)s->n_kv_heads * W * s->head_dim;
+    size_t nvp = (size_t)s->n_kv_heads * W, nu = (size_t)s->n_kv_heads * c->budget;
+    if (grow_floats(&evict_scratch.p, &evict_scratch.p_cap, np) || grow_floats(&evict_scratch.v, &evict_scratch.v_cap, nv))
+        return -1;
+    if (nvp > evict_scratch.vp_cap) {
+        const float **b = malloc(nvp * sizeof *b);
+        const uint8_t **r = malloc(nvp * sizeof *r);
+        uint8_t *t = malloc(nvp);
+        if (!b || !r || !t) { free(b); free(r); free(t); return -1; }
+        free(evict_scratch.vp);
+        free(evict_scratch.vb);
+        free(evict_scratch.vt);
+        evict_scratch.vp = b;
+        evict_scratch.vb = r;
+        evict_scratch.vt = t;
+        evict_scratch.vp_cap = nvp;
+    }
+    if (nu > evict_scratch.upos_cap) {
+        int *b = malloc(nu * sizeof *b);
+        if (!b) return -1;
+        free(evict_scratch.upos);
+        evict_scratch.upos = b;
+        evict_scratch.upos_cap = nu;
+    }
+    return chunk_reserve(c, n);
+}
+
+/* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_evicts(c), evict_reserve(c, n, W) done with W ≥ the
+ * longest lane + n), as the comment above says. 0, or -1 when a store fails (as kv_append). */
+static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
+                        const float *v, KVAttnHook hook, void *hook_ctx, int W) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, G = nh / n_kv, B = c->budget;
+    int q_dim = nh * hd, kv_dim = n_kv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    KVLane *lanes = &c->lanes[l * n_kv];
+    int n0[n_kv], max_n = 0;   /* live tokens per lane before the chunk; U of lane g has n0[g] + n positions */
+    for (int g = 0; g < n_kv; g++) {
+        n0[g] = lanes[g].n_live;
+        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
+    }
+    if (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n) {   /* the positions' rotations, shared by the layers */
+        for (int u = 0; u < n; u++) kv_rope_cs(c->chunk_cs + (size_t)u * hd, s, pos0 + u);
+        c->chunk_cs_pos0 = pos0;
+        c->chunk_cs_n = n;
+    }
+    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
+    float *P = evict_scratch.p, *Q = chunk_scratch.q;
+    const float **vp = evict_scratch.vp;
+    int *upos = evict_scratch.upos;
+    size_t work = (size_t)max_n * hd * nh * n;
+    int rc = 0;
+    #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
+    {
+        #pragma omp for schedule(static)
+        for (int uh = 0; uh < n * nh; uh++) {
+            int u = uh / nh, h = uh % nh;
+            float *qh = Q + (size_t)uh * hd;
+            memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
+            kv_rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
+        }
+        #pragma omp for schedule(static)
+        for (int item = 0; item < n_kv * blocks; item++) {
+            int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
+            if (j1 > n0[g] + n) j1 = n0[g] + n;
+            if (j1 <= j0) continue;
+            /* U's keys and values in this block: the lane's live ones (read before any store of the chunk), then the
+               chunk's new ones as they will be stored; every value decoded into the scratch */
+            float kmem[KV_KEY_BLOCK * hd + 8];
+            const float *kp[KV_KEY_BLOCK];
+            for (int j = j0; j < j1; j++) {
+                float *kx = align32(kmem) + (size_t)(j - j0) * hd, *vx = evict_scratch.v + ((size_t)g * W + j) * hd;
+                const float *vv;
+                if (j < n0[g]) {
+                    kp[j - j0] = kv_lane_key(c, &lanes[g], j, kx);
+                    vv = kv_lane_value(c, &lanes[g], j, vx);
+                    upos[(size_t)g * B + lanes[g].live[j]] = j;
+                } else {
+                    int u = j - n0[g];
+                    kp[j - j0] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
+                                           c->chunk_cs + (size_t)u * hd);
+                    vv = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
+                }
+                if (vv != vx) memcpy(vx, vv, (size_t)hd * sizeof(float));
+                vp[(size_t)g * W + j] = vx;
+                evict_scratch.vb[(size_t)g * W + j] = (const uint8_t *)(const void *)vx;
+                evict_scratch.vt[(size_t)g * W + j] = KV_F32;
+            }
+            /* token u may see U positions up to n0 + u: the block's first such token, then every (token, head) */
+            int f0 = (j0 > n0[g] ? j0 - n0[g] : 0) * G, nf = n * G;
+            const float *qf[nf - f0];
+            float *of[nf - f0];
+            for (int f = f0; f < nf; f++) {
+                size_t row = (size_t)(f / G) * nh + g * G + f % G;
+                qf[f - f0] = Q + row * hd;
+                of[f - f0] = P + row * W + j0;
+            }
+            float tmem[KV_KEY_BLOCK * hd + 8];
+            block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
+        }
+        #pragma omp single
+        for (int u = 0; u < n && !rc; u++) {
+            if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) { rc = -1; break; }
+            for (int g = 0; g < n_kv; g++) upos[(size_t)g * B + lanes[g].live[lanes[g].n_live - 1]] = n0[g] + u;
+            for (int h = 0; h < nh; h++) {
+                const KVLane *ln = &lanes[h / G];
+                const int *up = upos + (size_t)(h / G) * B;
+                float *row = P + ((size_t)u * nh + h) * W, *p = c->scores + (size_t)h * B;
+                for (int i = 0; i < ln->n_live; i++) p[i] = row[up[ln->live[i]]];
+                softmax_inplace(p, ln->n_live);
+                memset(row, 0, (size_t)(n0[h / G] + u + 1) * sizeof(float));
+                for (int i = 0; i < ln->n_live; i++) row[up[ln->live[i]]] = p[i];
+            }
+            kv_attend_policy(c, l, pos0 + u);
+            if (hook) hook(hook_ctx, l, c, pos0 + u);
+        }
+        /* the outputs, as attend_static's output phase, over U's rows */
+        int n_items = (n + WSUM_TOKENS - 1) / WSUM_TOKENS;
+        #pragma omp for schedule(dynamic)
+        for (int item = 0; item < n_kv * n_items; item++) {
+            if (rc) continue;
+            int g = item / n_items, u0 = item % n_items * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
+            wsum_tokens(out, P, (size_t)nh * W, W, vp + (size_t)g * W, evict_scratch.vb + (size_t)g * W,
+                        evict_scratch.vt + (size_t)g * W, g, n0[g], u0, u1, nh, G, hd);
+        }
+    }
     return rc;
 }
 
@@ -704,6 +886,21 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
                               k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx)) return -1;
             t += nt;
             continue;
+        }
+        if (n - t >= 2 && chunk_evicts(c, pos0 + t)) {   /* a lane is (nearly) full: a chunk that evicts */
+            int ne = n - t, longest = 0;
+            for (int g = 0; g < s->n_kv_heads; g++) {
+                int m = c->lanes[l * s->n_kv_heads + g].n_live;
+                longest = m > longest ? m : longest;
+            }
+            while (ne > 2 && (size_t)ne * s->n_heads * (longest + ne) * sizeof(float) > KV_CHUNK_SCRATCH) ne /= 2;
+            if (!evict_reserve(c, ne, longest + ne)) {
+                if (attend_evict(c, out + (size_t)t * q_dim, l, pos0 + t, ne, q + (size_t)t * q_dim,
+                                 k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx, longest + ne))
+                    return -1;
+                t += ne;
+                continue;
+            }
         }
         if (c->pf_q && c->pf_layer == l) kv_prefetch(c, l, pos0 + t, c->pf_q + (size_t)t * q_dim);
         if (kv_append(c, l, pos0 + t, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim)) return -1;

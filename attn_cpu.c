@@ -13,6 +13,7 @@
 #include "kv_codec.h"
 
 #include <math.h>
+#include <sched.h>
 #if defined(__AVX__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -719,18 +720,27 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
  * attend_static's other conditions hold; tests/test_eval.sh checks every registered policy at -chunk 5 and 64 against
  * -chunk 1, bit for bit. */
 
-/* Whether attend_evict may run layer l's next tokens from position t: chunk_room's conditions, pos=orig, a policy
- * that evicts, one sequence's own lanes (a pool's lanes take and give back pages inside kv_append) and no alloc=ada. */
+/* Whether attend_evict may run the next tokens from position t: chunk_room's conditions, pos=orig, a policy that
+ * evicts, and no alloc=ada (its lanes shrink together, layer-wide). */
 static int chunk_evicts(const KVCache *c, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     return !(c->device || c->n_bands > 1 || c->kgroup || ops->prune || ops->merge || ops->select ||
              kv_query_selects(c, t) || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada ||
-             c->pool || c->merge_evict || c->spec.pos != POS_ORIG || !ops->evict);
+             c->merge_evict || c->spec.pos != POS_ORIG || !ops->evict);
+}
+
+/* One wait of a spinning thread: the x86 pause instruction (it lends the core to its sibling), and every 1,024th
+ * time the processor to the OS, so that more threads than cores do not starve the one being waited for. */
+static inline void spin_pause(unsigned *spins) {
+    if (++*spins % 1024 == 0) sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+    else __builtin_ia32_pause();
+#endif
 }
 
 /* attend_evict's scratch, shared as chunk_scratch is: probabilities (tokens, n_heads, W) at U's positions (W: the
- * longest U), U's values decoded (n_kv_heads, W, head_dim) with their row pointers, and each lane's slot -> U
- * position (n_kv_heads, budget). */
+ * longest U), U's values decoded (n_kv_heads, W, head_dim) with their row pointers, and the token position of each
+ * entry of U (n_kv_heads, W). */
 static struct {
     float *p, *v;
     const float **vp;
@@ -743,7 +753,7 @@ static struct {
 static int evict_reserve(KVCache *c, int n, int W) {
     const KVShape *s = &c->shape;
     size_t np = (size_t)n * s->n_heads * W, nv = (size_t)s->n_kv_heads * W * s->head_dim;
-    size_t nvp = (size_t)s->n_kv_heads * W, nu = (size_t)s->n_kv_heads * c->budget;
+    size_t nvp = (size_t)s->n_kv_heads * W, nu = nvp;
     if (grow_floats(&evict_scratch.p, &evict_scratch.p_cap, np) || grow_floats(&evict_scratch.v, &evict_scratch.v_cap, nv))
         return -1;
     if (nvp > evict_scratch.vp_cap) {
@@ -793,7 +803,7 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
     const float **vp = evict_scratch.vp;
     int *upos = evict_scratch.upos;
     size_t work = (size_t)max_n * hd * nh * n;
-    int rc = 0;
+    int rc = 0, done = 0;   /* done: tokens whose steps have run */
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
     {
         #pragma omp for schedule(static)
@@ -818,12 +828,13 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
                 if (j < n0[g]) {
                     kp[j - j0] = kv_lane_key(c, &lanes[g], j, kx);
                     vv = kv_lane_value(c, &lanes[g], j, vx);
-                    upos[(size_t)g * B + lanes[g].live[j]] = j;
+                    upos[(size_t)g * W + j] = lanes[g].pos[lanes[g].live[j]];
                 } else {
                     int u = j - n0[g];
                     kp[j - j0] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
                                            c->chunk_cs + (size_t)u * hd);
                     vv = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
+                    upos[(size_t)g * W + j] = pos0 + u;
                 }
                 if (vv != vx) memcpy(vx, vv, (size_t)hd * sizeof(float));
                 vp[(size_t)g * W + j] = vx;
@@ -842,28 +853,50 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
             float tmem[KV_KEY_BLOCK * hd + 8];
             block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
         }
-        #pragma omp single
-        for (int u = 0; u < n && !rc; u++) {
-            if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) { rc = -1; break; }
-            for (int g = 0; g < n_kv; g++) upos[(size_t)g * B + lanes[g].live[lanes[g].n_live - 1]] = n0[g] + u;
-            for (int h = 0; h < nh; h++) {
-                const KVLane *ln = &lanes[h / G];
-                const int *up = upos + (size_t)(h / G) * B;
-                float *row = P + ((size_t)u * nh + h) * W, *p = c->scores + (size_t)h * B;
-                for (int i = 0; i < ln->n_live; i++) p[i] = row[up[ln->live[i]]];
-                softmax_inplace(p, ln->n_live);
-                memset(row, 0, (size_t)(n0[h / G] + u + 1) * sizeof(float));
-                for (int i = 0; i < ln->n_live; i++) row[up[ln->live[i]]] = p[i];
+        /* the steps on one thread; the others start on the outputs of the tokens done so far and it joins them
+           after (token u's outputs read only its own row of P, final once `done` passes u) */
+        #pragma omp single nowait
+        {
+        for (int u = 0; u < n; u++) {
+            if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) { __atomic_store_n(&rc, -1, __ATOMIC_RELAXED); break; }
+            /* rank i's entry of U, found by its token position: both lists are in increasing position order (slot
+               ids are not used: a pool lane may move its slots to give back a page) */
+            for (int g = 0; g < n_kv; g++) {
+                const KVLane *ln = &lanes[g];
+                const int *up = upos + (size_t)g * W;
+                int *at = c->run_buf;   /* (n_live) */
+                for (int i = 0, j = 0; i < ln->n_live; i++, j++) {
+                    int pos = ln->pos[ln->live[i]];
+                    while (j <= n0[g] + u && up[j] != pos) j++;
+                    if (j > n0[g] + u) {   /* a live token the chunk never saw: a kv.c bug, not input */
+                        fprintf(stderr, "kv: layer %d kv head %d holds position %d, not in the chunk's list\n", l, g, pos);
+                        abort();
+                    }
+                    at[i] = j;
+                }
+                for (int h = g * G; h < (g + 1) * G; h++) {
+                    float *row = P + ((size_t)u * nh + h) * W, *p = c->scores + (size_t)h * B;
+                    for (int i = 0; i < ln->n_live; i++) p[i] = row[at[i]];
+                    softmax_inplace(p, ln->n_live);
+                    memset(row, 0, (size_t)(n0[g] + u + 1) * sizeof(float));
+                    for (int i = 0; i < ln->n_live; i++) row[at[i]] = p[i];
+                }
             }
             kv_attend_policy(c, l, pos0 + u);
             if (hook) hook(hook_ctx, l, c, pos0 + u);
+            __atomic_store_n(&done, u + 1, __ATOMIC_RELEASE);
         }
-        /* the outputs, as attend_static's output phase, over U's rows */
+        __atomic_store_n(&done, n, __ATOMIC_RELEASE);   /* also after a failed store: no one waits for ever */
+        }
+        /* the outputs, as attend_static's output phase, over U's rows, in token order (each item waits for its
+           tokens' steps) */
         int n_items = (n + WSUM_TOKENS - 1) / WSUM_TOKENS;
         #pragma omp for schedule(dynamic)
         for (int item = 0; item < n_kv * n_items; item++) {
-            if (rc) continue;
-            int g = item / n_items, u0 = item % n_items * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
+            int g = item % n_kv, u0 = item / n_kv * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
+            unsigned spins = 0;
+            while (__atomic_load_n(&done, __ATOMIC_ACQUIRE) < u1) spin_pause(&spins);
+            if (__atomic_load_n(&rc, __ATOMIC_RELAXED)) continue;
             wsum_tokens(out, P, (size_t)nh * W, W, vp + (size_t)g * W, evict_scratch.vb + (size_t)g * W,
                         evict_scratch.vt + (size_t)g * W, g, n0[g], u0, u1, nh, G, hd);
         }

@@ -2494,16 +2494,19 @@ void kv_attend_policy(KVCache *c, int l, int t) {
         for (int g = 0; g < n_kv; g++) {
             const KVLane *ln = &c->lanes[l * n_kv + g];
             float *agg = c->agg + (size_t)g * budget, *mean = c->mean + (size_t)g * budget;
-            for (int i = 0; i < ln->n_live; i++) {
-                float sum = 0, mx = 0;
-                for (int hh = 0; hh < group; hh++) {
-                    float p = c->scores[(size_t)(g * group + hh) * budget + i];
-                    sum += p;
-                    mx = hh == 0 ? p : fmaxf(mx, p);
-                }
-                mean[i] = sum / group;
-                agg[i] = c->spec.agg == AGG_MAX ? mx : mean[i];
-            }
+            const float *p = c->scores + (size_t)g * group * budget;   /* (group, budget): the group's heads */
+            int n = ln->n_live;
+            /* mean_i = (0 + p_0i + p_1i + ...) / group, agg_i the mean or max_h p_hi: loops over i innermost, so the
+               compiler vectorizes them; each element's operations and their order are those of a loop over h */
+            for (int i = 0; i < n; i++) mean[i] = 0;
+            for (int hh = 0; hh < group; hh++)
+                for (int i = 0; i < n; i++) mean[i] += p[(size_t)hh * budget + i];
+            for (int i = 0; i < n; i++) mean[i] /= group;
+            if (c->spec.agg == AGG_MAX) {
+                for (int i = 0; i < n; i++) agg[i] = p[i];
+                for (int hh = 1; hh < group; hh++)
+                    for (int i = 0; i < n; i++) agg[i] = fmaxf(agg[i], p[(size_t)hh * budget + i]);
+            } else memcpy(agg, mean, (size_t)n * sizeof(float));
             if (c->merge_evict) for (int i = 0; i < ln->n_live; i++) ln->mw[ln->live[i]] += mean[i];
             if (ops->observe) ops->observe(&c->policy, l * n_kv + g, ln, agg, c->spec.agg == AGG_MAX ? mean : agg, t);
         }

@@ -228,7 +228,10 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
      * chunks 2 × 3, whose per-row registers (qw, |qw|, dw) leave room for 6 sums */
     int tr = n == 1 ? 1 : q8 ? 2 : 3, tt = n == 1 ? 1 : q8 ? 3 : 4;
     int panel = (int)(PANEL_BYTES / row_bytes) / tr * tr;
-    if (panel < tr) panel = tr;
+    /* a batch of a few tokens (n <= 16: many sequences' decode steps, forward_batch) sweeps each row tile for all
+       its tokens before the next: the weights are then one stream from memory, each tile's rows read once from L1
+       (measured on the 49,152 x 576 classifier at n = 8, 2 threads: 8.5-9.2 ms against 9.6-11.3 with L2 panels) */
+    if (panel < tr || n <= 16) panel = tr;
     /* small matrices stay on one thread: waking the team costs more than the work */
     #pragma omp parallel if ((size_t)rows * cols * n >= 65536)
     {

@@ -61,12 +61,13 @@ static void run_case(RefTally *ty, int chunked, int n, int hd, int group, const 
     char opts[64], spec[160], where[320];
     snprintf(opts, sizeof opts, "%s", tc->opts);
     char *r = strstr(opts, "residual=R");
-    if (r) sprintf(r, "residual=%d", n / 2 < 16 ? n / 2 : 16);
+    if (r) snprintf(r, sizeof opts - (size_t)(r - opts), "residual=%d", n / 2 < 16 ? n / 2 : 16);
     char *pr = strstr(opts, "prec=f32:R/q8:R/");   /* three bands: a quarter of the lane each in f32 and q8 */
     if (pr) {
         char rest[64];
         snprintf(rest, sizeof rest, "%s", pr + strlen("prec=f32:R/q8:R/"));
-        sprintf(pr, "prec=f32:%d/q8:%d/%s", n / 4 > 0 ? n / 4 : 1, n / 4 > 0 ? n / 4 : 1, rest);
+        snprintf(pr, sizeof opts - (size_t)(pr - opts), "prec=f32:%d/q8:%d/%s", n / 4 > 0 ? n / 4 : 1,
+                 n / 4 > 0 ? n / 4 : 1, rest);
     }
     if (n == 1) snprintf(spec, sizeof spec, "full,%s,pos=%s", opts, pos_cache ? "cache" : "orig");
     else snprintf(spec, sizeof spec, "random:%d,%s,pos=%s", n, opts, pos_cache ? "cache" : "orig");

@@ -575,6 +575,39 @@ static void wsum_tokens(float *out, const float *P, size_t ld_u, size_t ld_h, co
     }
 }
 
+/* Inside a parallel region, split over its threads: the chunk's queries q (n, n_heads, head_dim) rotated into Q
+ * as kv_attend_cpu rotates them, at the token's position (pos=orig, c->chunk_cs) or at its newest rank n0 + u of its
+ * lane (pos=cache). */
+static void chunk_queries(const KVCache *c, float *Q, const float *q, int n, const int *n0) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim, nh = s->n_heads, G = nh / s->n_kv_heads;
+    #pragma omp for schedule(static)
+    for (int uh = 0; uh < n * nh; uh++) {
+        int u = uh / nh, h = uh % nh;
+        float *qh = Q + (size_t)uh * hd;
+        memcpy(qh, q + (size_t)uh * hd, (size_t)hd * sizeof(float));
+        if (c->spec.pos == POS_CACHE) kv_rope_apply(qh, s, c->rope_cs + (size_t)(n0[h / G] + u) * hd);
+        else kv_rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
+    }
+}
+
+/* The scores of lane g's keys kp at list ranks [j0, j1) against the chunk's queries that see them: token u sees
+ * ranks up to n0 + u, so the block's first such token, then every (token, head) of the group after it (scores past
+ * a token's last rank are computed and never read), into P + (u·n_heads + h)·ld + j. */
+static void chunk_block_scores(float *P, size_t ld, const float *Q, const float *const *kp, int g, int j0, int j1,
+                               int n0, int n, int nh, int G, int hd, float scale) {
+    int f0 = (j0 > n0 ? j0 - n0 : 0) * G, nf = n * G;
+    const float *qf[nf - f0];
+    float *of[nf - f0];
+    for (int f = f0; f < nf; f++) {
+        size_t row = (size_t)(f / G) * nh + g * G + f % G;
+        qf[f - f0] = Q + row * hd;
+        of[f - f0] = P + row * ld + j0;
+    }
+    float tmem[KV_KEY_BLOCK * hd + 8];   /* this thread's panels, in L1 for the block */
+    block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
+}
+
 /* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:
  * chunk_room), and the policy and the hook see each token's probabilities in c->scores, pointed at the token's rows of
  * P while they look. It reads and writes nothing the output phase uses, so the two run at the same time. */
@@ -611,7 +644,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                          const float *v, KVAttnHook hook, void *hook_ctx) {
     const KVShape *s = &c->shape;
     int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, G = nh / n_kv, B = c->budget;
-    int q_dim = nh * hd, kv_dim = n_kv * hd;
+    int kv_dim = n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     KVLane *lanes = &c->lanes[l * n_kv];
     int n0[n_kv], max_n = 0;   /* live tokens per lane before the chunk */
@@ -631,14 +664,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
     float *scores = c->scores;
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
     {
-        #pragma omp for schedule(static)
-        for (int uh = 0; uh < n * nh; uh++) {
-            int u = uh / nh, h = uh % nh;
-            float *qh = Q + (size_t)uh * hd;
-            memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
-            if (c->spec.pos == POS_CACHE) kv_rope_apply(qh, s, c->rope_cs + (size_t)(n0[h / G] + u) * hd);
-            else kv_rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
-        }
+        chunk_queries(c, Q, q, n, n0);
         #pragma omp for schedule(static)
         for (int item = 0; item < n_kv * blocks; item++) {
             int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
@@ -661,18 +687,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                 c->vrow[row] = (const uint8_t *)(const void *)c->vptr[row];   /* decoded: f32 rows for the tail */
                 c->vrow_type[row] = KV_F32;
             }
-            /* token u sees ranks up to n0 + u: the block's first query token, then every (token, head) after it
-               (scores past a token's last rank are computed and never read) */
-            int f0 = (j0 > n0[g] ? j0 - n0[g] : 0) * G, nf = n * G;
-            const float *qf[nf - f0];
-            float *of[nf - f0];
-            for (int f = f0; f < nf; f++) {
-                size_t row = (size_t)(f / G) * nh + g * G + f % G;
-                qf[f - f0] = Q + row * hd;
-                of[f - f0] = P + row * B + j0;
-            }
-            float tmem[KV_KEY_BLOCK * hd + 8];   /* this thread's panels, in L1 for the block */
-            block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
+            chunk_block_scores(P, B, Q, kp, g, j0, j1, n0[g], n, nh, G, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int uh = 0; uh < n * nh; uh++)
@@ -785,7 +800,7 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
                         const float *v, KVAttnHook hook, void *hook_ctx, int W) {
     const KVShape *s = &c->shape;
     int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, G = nh / n_kv, B = c->budget;
-    int q_dim = nh * hd, kv_dim = n_kv * hd;
+    int kv_dim = n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     KVLane *lanes = &c->lanes[l * n_kv];
     int n0[n_kv], max_n = 0;   /* live tokens per lane before the chunk; U of lane g has n0[g] + n positions */
@@ -806,13 +821,7 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
     int rc = 0, done = 0;   /* done: tokens whose steps have run */
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
     {
-        #pragma omp for schedule(static)
-        for (int uh = 0; uh < n * nh; uh++) {
-            int u = uh / nh, h = uh % nh;
-            float *qh = Q + (size_t)uh * hd;
-            memcpy(qh, q + (size_t)u * q_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
-            kv_rope_apply(qh, s, c->chunk_cs + (size_t)u * hd);
-        }
+        chunk_queries(c, Q, q, n, n0);   /* pos=orig here */
         #pragma omp for schedule(static)
         for (int item = 0; item < n_kv * blocks; item++) {
             int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
@@ -841,17 +850,7 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
                 evict_scratch.vb[(size_t)g * W + j] = (const uint8_t *)(const void *)vx;
                 evict_scratch.vt[(size_t)g * W + j] = KV_F32;
             }
-            /* token u may see U positions up to n0 + u: the block's first such token, then every (token, head) */
-            int f0 = (j0 > n0[g] ? j0 - n0[g] : 0) * G, nf = n * G;
-            const float *qf[nf - f0];
-            float *of[nf - f0];
-            for (int f = f0; f < nf; f++) {
-                size_t row = (size_t)(f / G) * nh + g * G + f % G;
-                qf[f - f0] = Q + row * hd;
-                of[f - f0] = P + row * W + j0;
-            }
-            float tmem[KV_KEY_BLOCK * hd + 8];
-            block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
+            chunk_block_scores(P, W, Q, kp, g, j0, j1, n0[g], n, nh, G, hd, scale);
         }
         /* the steps on one thread; the others start on the outputs of the tokens done so far and it joins them
            after (token u's outputs read only its own row of P, final once `done` passes u) */

@@ -1089,6 +1089,22 @@ int kv_cache_init_lanes(KVCache *c, const KVShape *shape, const KVSpec *spec, co
     int n_lanes = shape->n_layers * shape->n_kv_heads, *pyr = malloc((size_t)n_lanes * sizeof(int));
     if (!pyr) return errorf(err, errlen, "out of memory");
     pyramid_caps(pyr, shape, spec->budget);
+    /* the policy's budget rule (sinks, a recent window, ... inside the budget) must hold in the smallest lanes too,
+       the top layer's: the policy's own check, run with their size */
+    int top = shape->n_layers - 1, kmin = pyr[top * shape->n_kv_heads];
+    if (ops->init) {
+        KVSpec sp = *spec;
+        KVPolicy p = {.ops = ops, .spec = &sp, .n_lanes = n_lanes, .n_kv_heads = shape->n_kv_heads,
+                      .n_heads = shape->n_heads, .budget = kmin, .agg = spec->agg};
+        char why[384];
+        int bad = ops->init(&p, &sp, shape, kmin, why, sizeof why);
+        free(p.state);
+        if (bad) {
+            free(pyr);
+            return errorf(err, errlen, "'%s': alloc=pyramid gives layer %d's lanes %d slots (the budget / 20), too few "
+                          "for %s: %s; a larger budget gives them more", spec->text, top, kmin, spec->name, why);
+        }
+    }
     int rc = cache_init(c, shape, spec, pyr, 1, NULL, err, errlen);
     free(pyr);
     return rc;

@@ -407,7 +407,8 @@ int main(void) {
                             {"h2o:64,alloc=ada,type=q8,kgroup=channel", "alloc=ada"},
                             {"h2o:64,alloc=ada,rank=8", "alloc=ada"}, {"h2o:64,alloc=ada,fast=50%", "alloc=ada"},
                             {"tova:64,alloc=ada,per=layer", "alloc=ada"}, {"h2o:64,safeguard=0.2", "alloc=ada"},
-                            {"h2o:64,alloc=ada,safeguard=1", "safeguard=1"}};
+                            {"h2o:64,alloc=ada,safeguard=1", "safeguard=1"},
+                            {"sink:40,sinks=4,alloc=pyramid", "too few for sink"}};
     int n_bad = (int)(sizeof bad / sizeof bad[0]);
     for (int i = 0; i < n_bad; i++) {
         int rc = tcache_error(&s, bad[i][0], err, sizeof err);

@@ -741,9 +741,14 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                         line_json_str(&tl, r->is_shadow ? "shadow" : r->cache.spec.text);
                         if (isnan(r->cur_nll)) line_printf(&tl, "\",\"nll\":null}");
                         else if (r->is_shadow || !in_span) line_printf(&tl, "\",\"nll\":%.9g}", r->cur_nll);
-                        else   /* the per-token terms of the span means of -o: kl, top1, recall (mean over layers) */
-                            line_printf(&tl, "\",\"nll\":%.9g,\"kl\":%.9g,\"top1\":%d,\"recall\":%.9g}", r->cur_nll,
-                                        r->cur.kl, r->cur.top1, r->cur_recall[j] / L);
+                        else {   /* the per-token terms of the span means of -o: kl, top1, recall (mean over layers;
+                                    null when not finite, which JSON has no number for) */
+                            double rc = r->cur_recall[j] / L;
+                            line_printf(&tl, "\",\"nll\":%.9g,\"kl\":%.9g,\"top1\":%d,\"recall\":", r->cur_nll,
+                                        r->cur.kl, r->cur.top1);
+                            if (isfinite(rc)) line_printf(&tl, "%.9g}", rc);
+                            else line_printf(&tl, "null}");
+                        }
                     }
                     line_printf(&tl, "]}\n");
                     outfile_line(tokenlog, &tl);

@@ -100,9 +100,10 @@ static const FlagDef FLAGS[] = {
      "(ShareGPT: all at once); 0 = all at step 0"},
     {"-max-seqs", "N", M_SERVE, "sequences decoded in one batch at most, default 16"},
     {"-prefix", "N", M_SERVE, "1 (default): prefix caching of full's prompt pages (vLLM's automatic prefix caching); 0: off"},
-    {"-shadow", "N", M_SERVE, "1: each finished request's KL and top-1 against its own full-cache shadow, in a second "
-     "pass after the trace (the request alone, its served tokens fed to its policy and to full in f32); 0 (default): "
-     "off"},
+    {"-shadow", "N", M_SERVE, "1: each finished request's KL and top-1 against its own full-cache shadow at every "
+     "token it was served, in a second pass after the trace (its served tokens fed to full in f32, compared with the "
+     "logits serving kept); 2: also replay each request alone through its policy and check its logits equal the "
+     "served ones bit for bit; 0 (default): off"},
     {"-ids", NULL, M_GEN | M_CHAT, "print token ids instead of text"},
     {"-bos", NULL, M_GEN | M_TOK, "add BOS to the prompt or text"},
     {"-v", NULL, M_GEN | M_CHAT | M_PPL, "each prompt's token ids, and per-layer memory and policy detail; ppl: "
@@ -397,8 +398,9 @@ static int option_set(Options *o, const char *a, const char *v, char *err, size_
         if (strcmp(v, "0") && strcmp(v, "1")) return errorf(err, errlen, "bad -prefix '%s': 1 (prefix caching) or 0", v);
         o->prefix = v[0] == '1';
     } else if (!strcmp(a, "-shadow")) {
-        if (strcmp(v, "0") && strcmp(v, "1")) return errorf(err, errlen, "bad -shadow '%s': 1 (the second pass) or 0", v);
-        o->shadow = v[0] == '1';
+        if (strcmp(v, "0") && strcmp(v, "1") && strcmp(v, "2"))
+            return errorf(err, errlen, "bad -shadow '%s': 1 (the second pass), 2 (it and a replay of the policy) or 0", v);
+        o->shadow = v[0] - '0';
     } else if (!strcmp(a, "-ids")) { o->print_ids = 1;
     } else if (!strcmp(a, "-bos")) { o->add_bos = 1;
     } else if (!strcmp(a, "-v")) { o->verbose = 1;

@@ -43,7 +43,7 @@ typedef struct {
     int arrival_set;
     int max_seqs;                             /* -max-seqs N: sequences a step at most */
     int prefix;                               /* -prefix 0|1: prefix caching (full) */
-    int shadow;                               /* -shadow 1: quality against each request's full-cache shadow */
+    int shadow;                               /* -shadow 1: quality against each request's full-cache shadow; 2: and a replay */
     const char *help;    /* NULL, or what -h asks for: "usage", "policies", "flags" */
     float temperature, topp;
     double link_gbs;     /* -link: the slow tier's bandwidth, GB/s (1e9 bytes/s) */

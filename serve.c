@@ -22,6 +22,7 @@
 #include "serve.h"
 #include "trace.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +95,10 @@ int serve_adapt_parse(const char *text, KVType default_type, Adapt *a, char *err
     return 0;
 }
 
+/* A position serving chose a token at: its row in the SampleLog, the admission (life) it was sampled in */
+typedef struct { int pos, life; long row; } Sampled;
 
-typedef struct {
+typedef struct Seq {
     const TraceReq *tr;
     IdList ids;          /* every token of the sequence so far: prompts, answers (the last answer token unfed) */
     int fed;             /* ids[0 .. fed) are in the cache */
@@ -120,6 +123,10 @@ typedef struct {
     struct { long step; int at, member; double occ; int shortage; } *sw;
     long arrive_step;
     double t_arrive, t_admit, t_first, t_last;
+    Sampled *sc;         /* -shadow: every position a token was chosen at, in order */
+    int n_sc, cap_sc;
+    double kl, top1;     /* -shadow: sums over the nq positions scored; differ: positions whose replay differs */
+    long nq, differ;
 } Seq;
 
 typedef struct {
@@ -348,11 +355,48 @@ static double percentile(double *v, int n, double p) {
     return v[k < 0 ? 0 : k >= n ? n - 1 : k];
 }
 
-/* Quality against the request's own full-cache shadow, in a second pass (the pool is not involved): the request's
- * tokens, as served, fed to a single run's cache of the policy (which holds what the served cache held, bit for bit:
- * tests/test_kv_pool.c) and to `full` in f32 beside it; from the prompt's last token on, at every position, KL(full ‖
- * policy) of the next-token distributions and whether their argmax agree (the figures of -m ppl). *kl and *top1 are
- * sums over the *n positions scored. */
+/* Quality against the request's own full-cache shadow, in a second pass after the trace (the pool is not involved).
+ * While serving, every row of logits a token was chosen from is kept (SampleLog: 4 * vocab_size bytes a sampled
+ * position, 196 KB on SmolLM2, in an unlinked temporary file). The pass then feeds each request's tokens, as served,
+ * to `full` in f32 and compares, at each sampled position, the full cache's next-token distribution with the served
+ * one: KL(full ‖ served) and whether their argmax agree (the figures of -m ppl). Requests go in the lexicographic order
+ * of their tokens, and the full cache keeps the prefix the next request shares with the last one (kv_cache_truncate),
+ * so a trace whose prompts share documents is fed to full about once; chunked feeding gives the bits of feeding token
+ * by token. -shadow 2 also replays each request alone through a single run's cache of its policy and checks that its
+ * logits equal the served ones bit for bit (the pool holds what a single run's cache holds: tests/test_kv_pool.c). */
+typedef struct {
+    FILE *f;   /* rows of V floats, in the order sampled */
+    long n;
+    int V;
+} SampleLog;
+
+static void sample_log(SampleLog *lg, Seq *r, int pos, const float *logits) {
+    if (r->n_sc == r->cap_sc) {
+        r->cap_sc = r->cap_sc ? 2 * r->cap_sc : 16;
+        r->sc = realloc(r->sc, (size_t)r->cap_sc * sizeof *r->sc);
+        if (!r->sc) fatal("out of memory");
+    }
+    r->sc[r->n_sc++] = (Sampled){.pos = pos, .life = r->preemptions, .row = lg->n++};
+    if (fwrite(logits, sizeof(float), (size_t)lg->V, lg->f) != (size_t)lg->V)
+        fatal("serve: -shadow: could not write the served logits to a temporary file (%zu bytes a token): %s",
+              (size_t)lg->V * sizeof(float), strerror(errno));
+}
+
+static void sample_read(const SampleLog *lg, long row, float *dst) {
+    if (fseeko(lg->f, (off_t)row * lg->V * (off_t)sizeof(float), SEEK_SET)
+        || fread(dst, sizeof(float), (size_t)lg->V, lg->f) != (size_t)lg->V)
+        fatal("serve: -shadow: could not read the served logits back from the temporary file");
+}
+
+static const struct Seq *shadow_order_q;   /* the requests cmp_by_ids orders (qsort has no context argument) */
+static int cmp_by_ids(const void *a, const void *b) {
+    const IdList *x = &shadow_order_q[*(const int *)a].ids, *y = &shadow_order_q[*(const int *)b].ids;
+    size_t n = x->n < y->n ? x->n : y->n;
+    for (size_t i = 0; i < n; i++)
+        if (x->ids[i] != y->ids[i]) return x->ids[i] < y->ids[i] ? -1 : 1;
+    return (x->n > y->n) - (x->n < y->n);
+}
+
 static void shadow_cache(KVCache *c, const Model *m, const Options *o, const char *text, KVType kvt, int n_prompt) {
     KVShape shape = model_kv_shape(m, o->ctx);
     char err[512];
@@ -361,9 +405,8 @@ static void shadow_cache(KVCache *c, const Model *m, const Options *o, const cha
         fatal("serve: the shadow pass's '%s': %s", text, err);
     kv_set_prompt_len(c, n_prompt);
 }
-
-/* Under adapt: the request's switches replayed on the shadow pass's policy cache, each when as many tokens are in it
- * as when it switched serving (before position `at`), by the same move. *next: the switches done so far. */
+/* Under adapt: the request's switches replayed on the replay's policy cache, each when as many tokens are in it as
+ * when it switched serving (before position `at`), by the same move. *next: the switches done so far. */
 static void shadow_switches(KVCache *c, const Model *m, const Options *o, const Server *sv, const Seq *r, int pos,
                             int *next) {
     for (; *next < r->n_sw && r->sw[*next].at == pos; (*next)++) {
@@ -371,53 +414,99 @@ static void shadow_switches(KVCache *c, const Model *m, const Options *o, const 
         char err[512];
         shadow_cache(&d, m, o, sv->carrier[r->sw[*next].member], o->kvt, r->n_prompt);
         if (kv_cache_transfer(&d, c, pos, err, sizeof err))
-            fatal("serve: the shadow pass of request %d could not switch at position %d: %s", r->tr->id, pos, err);
+            fatal("serve: the replay of request %d could not switch at position %d: %s", r->tr->id, pos, err);
         kv_cache_free(c);
         kv_cache_move(c, &d);
     }
 }
 
-static void request_quality(const Model *m, const Options *o, const Server *sv, const Seq *r, double *kl,
-                            double *top1, long *n, long *differ) {
-    KVCache c[2];
-    RunState st[2];
-    int V = m->config.vocab_size, np = r->n_prompt - 1, next_sw = 0;
-    for (int k = 0; k < 2; k++) {
-        shadow_cache(&c[k], m, o, k ? seq_spec(sv, sv->ad ? r->start_member : 0) : "full", k ? o->kvt : KV_F32,
-                     r->n_prompt);
-        if (state_init_chunk(&st[k], &m->config, PREFILL_CHUNK)) fatal("out of memory");
-    }
-    /* the prompt but its last token, the policy's cache in stretches cut where it switched */
-    if (np > 0 && forward_prefill((Model *)m, &st[0], &c[0], r->ids.ids, (size_t)np, 0, PREFILL_CHUNK))
-        fatal("serve: the shadow pass of request %d could not prefill", r->tr->id);
-    for (int p = 0; p < np;) {
-        shadow_switches(&c[1], m, o, sv, r, p, &next_sw);
+/* -shadow 2: request r alone through a single run's cache of its policy (its last admission's member and switches
+ * under adapt), token by token from its prompt's last token; r->differ = the sampled positions of that admission
+ * (every admission's when the spec is not adapt: each gives the same cache) whose logits differ in any bit from the
+ * served ones. */
+static void request_replay(const Model *m, const Options *o, const Server *sv, Seq *r, const SampleLog *lg,
+                           float *row) {
+    KVCache c;
+    RunState st;
+    int V = m->config.vocab_size, np = r->n_prompt - 1, next_sw = 0, k = 0, last = r->sc[r->n_sc - 1].pos;
+    shadow_cache(&c, m, o, seq_spec(sv, sv->ad ? r->start_member : 0), o->kvt, r->n_prompt);
+    if (state_init_chunk(&st, &m->config, PREFILL_CHUNK)) fatal("out of memory");
+    for (int p = 0; p < np;) {   /* the prompt but its last token, in stretches cut where it switched */
+        shadow_switches(&c, m, o, sv, r, p, &next_sw);
         int end = np;
         for (int j = next_sw; j < r->n_sw; j++)
             if (r->sw[j].at > p && r->sw[j].at < end) { end = r->sw[j].at; break; }
-        if (forward_prefill((Model *)m, &st[1], &c[1], r->ids.ids + p, (size_t)(end - p), p, PREFILL_CHUNK))
-            fatal("serve: the shadow pass of request %d could not prefill", r->tr->id);
+        if (forward_prefill((Model *)m, &st, &c, r->ids.ids + p, (size_t)(end - p), p, PREFILL_CHUNK))
+            fatal("serve: the replay of request %d could not prefill", r->tr->id);
         p = end;
     }
-    *kl = *top1 = 0;
-    *n = 0;
-    for (int p = np; p < (int)r->ids.n; p++) {
-        shadow_switches(&c[1], m, o, sv, r, p, &next_sw);
-        for (int k = 0; k < 2; k++)
-            if (forward((Model *)m, &st[k], &c[k], r->ids.ids[p], p))
-                fatal("serve: the shadow pass of request %d could not feed position %d", r->tr->id, p);
-        const float *a = st[0].logits, *b = st[1].logits;
-        *kl += eval_kl_div(a, eval_logsumexp(a, V), b, eval_logsumexp(b, V), V);
-        *top1 += sample_argmax(a, V) == sample_argmax(b, V);
-        /* one turn: the policy's argmax here is the token serving generated (in the admission the replay follows), or
-           the replay is not the served cache */
-        if (r->tr->n_turns <= 1 && (size_t)(p - np) < r->out.n && (size_t)(p - np) >= r->gen_base)
-            *differ += sample_argmax(b, V) != r->out.ids[p - np];
-        (*n)++;
+    r->differ = 0;
+    for (int p = np; p <= last; p++) {
+        shadow_switches(&c, m, o, sv, r, p, &next_sw);
+        if (forward((Model *)m, &st, &c, r->ids.ids[p], p))
+            fatal("serve: the replay of request %d could not feed position %d", r->tr->id, p);
+        for (; k < r->n_sc && r->sc[k].pos == p; k++) {
+            if (sv->ad && r->sc[k].life != r->preemptions) continue;
+            sample_read(lg, r->sc[k].row, row);
+            r->differ += memcmp(row, st.logits, (size_t)V * sizeof(float)) != 0;
+        }
     }
-    for (int k = 0; k < 2; k++) { kv_cache_free(&c[k]); state_free(&st[k]); }
+    kv_cache_free(&c);
+    state_free(&st);
 }
 
+/* The second pass over the finished requests q[0..N) (see SampleLog): r->kl, r->top1, r->nq for each, r->differ under
+ * -shadow 2. Stops early (what it scored kept) on SIGINT/SIGTERM. */
+static void shadow_pass(const Model *m, const Options *o, const Server *sv, Seq *q, int N, const SampleLog *lg,
+                        const char *spec_text) {
+    enum { CHUNK = 64 };
+    int V = m->config.vocab_size, n = 0, *order = malloc((size_t)N * sizeof(int));
+    float *row = malloc((size_t)V * sizeof(float));
+    if (!order || !row) fatal("out of memory");
+    long total = 0, done = 0;
+    for (int i = 0; i < N; i++)
+        if (q[i].state == S_DONE && q[i].n_sc) { order[n++] = i; total += q[i].n_sc; }
+    shadow_order_q = q;
+    qsort(order, (size_t)n, sizeof *order, cmp_by_ids);
+    KVCache full;
+    RunState st;
+    shadow_cache(&full, m, o, "full", KV_F32, 0);
+    if (state_init_chunk(&st, &m->config, CHUNK)) fatal("out of memory");
+    const IdList *held = NULL;   /* the tokens in full: held->ids[0 .. n_held) */
+    int n_held = 0;
+    char err[512], what[96];
+    snprintf(what, sizeof what, "serve %s: shadow pass:", spec_text);
+    double t0 = now_s();
+    for (int i = 0; i < n && !run_signal; i++) {
+        Seq *r = &q[order[i]];
+        int keep = 0, first = r->sc[0].pos, last = r->sc[r->n_sc - 1].pos, k = 0;
+        while (keep < n_held && keep < first && held->ids[keep] == r->ids.ids[keep]) keep++;
+        if (kv_cache_truncate(&full, keep, err, sizeof err)) fatal("serve: the shadow pass: %s", err);
+        r->kl = r->top1 = 0;
+        r->nq = 0;
+        for (int p = keep; p <= last; p += CHUNK) {
+            int nt = last + 1 - p < CHUNK ? last + 1 - p : CHUNK;
+            if (forward_chunk((Model *)m, &st, &full, r->ids.ids + p, nt, p))
+                fatal("serve: the shadow pass of request %d could not feed position %d", r->tr->id, p);
+            for (; k < r->n_sc && r->sc[k].pos < p + nt; k++) {
+                const float *a = st.logits + (size_t)(r->sc[k].pos - p) * V;
+                sample_read(lg, r->sc[k].row, row);
+                r->kl += eval_kl_div(a, eval_logsumexp(a, V), row, eval_logsumexp(row, V), V);
+                r->top1 += sample_argmax(a, V) == sample_argmax(row, V);
+                r->nq++;
+            }
+        }
+        held = &r->ids;
+        n_held = last + 1;
+        if (o->shadow == 2) request_replay(m, o, sv, r, lg, row);
+        done += r->n_sc;
+        progress(t0, done, total, what);
+    }
+    kv_cache_free(&full);
+    state_free(&st);
+    free(order);
+    free(row);
+}
 /* The trace, replayed once under spec. Returns 0, or 128 + signal when stopped (what ran is reported). */
 static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq *prompts, const char *spec_text,
                      size_t pool_bytes, OutFile *out, const Provenance *pv) {
@@ -474,6 +563,9 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
     double t0 = now_s();
     long total_out = 0;
     for (int i = 0; i < N; i++) total_out += (long)t->req[i].n_gen * (t->req[i].n_turns ? t->req[i].n_turns : 1);
+    SampleLog lg = {.V = V};
+    if (o->shadow && !(lg.f = tmpfile()))
+        fatal("serve: -shadow: could not create a temporary file for the served logits: %s", strerror(errno));
     int rc = 0;
     while (n_done < N) {
         if (run_signal) { rc = 128 + run_signal; break; }
@@ -644,8 +736,9 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
             r->fed += batch[b].n;
             prefix_publish(&sv, r);
             if (r->fed < (int)r->ids.n) continue;   /* still prefilling */
-            const float *lg = s.logits + (size_t)(row + batch[b].n - 1) * V;
-            int next = sample_argmax(lg, V);
+            const float *logits = s.logits + (size_t)(row + batch[b].n - 1) * V;
+            int next = sample_argmax(logits, V);
+            if (o->shadow) sample_log(&lg, r, r->fed - 1, logits);
             int stop = next == r->stop || tokenizer_is_eog(&m->tokenizer, next);
             if (r->out.n == 0) r->t_first = t_step;
             r->t_last = t_step;
@@ -702,9 +795,8 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
     int n_ttft = 0, n_tpot = 0, n_failed = 0, n_finished = 0;
     double kl_sum = 0, top1_sum = 0;
     long q_n = 0;
-    double tq = now_s();
-    long q_total = 0;   /* positions the shadow pass scores, for its progress line */
-    for (int i = 0; i < N; i++) q_total += q[i].state == S_DONE ? (long)q[i].ids.n - q[i].n_prompt + 1 : 0;
+    if (o->shadow && !run_signal) shadow_pass(m, o, &sv, q, N, &lg, spec_text);
+    if (lg.f) fclose(lg.f);
     Line ln = {0};
     for (int i = 0; i < N; i++) {
         Seq *r = &q[i];
@@ -724,15 +816,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
         ttft[n_ttft++] = tt;
         queue[n_ttft - 1] = r->t_admit - r->t_arrive;
         if (r->out.n > 1) tpot[n_tpot++] = tp;
-        double kl = 0, top1 = 0;
-        long nq = 0, differ = 0;
-        if (o->shadow && !run_signal) {
-            request_quality(m, o, &sv, r, &kl, &top1, &nq, &differ);
-            kl_sum += kl; top1_sum += top1; q_n += nq;
-            char what[96];
-            snprintf(what, sizeof what, "serve %s: shadow pass:", spec_text);
-            progress(tq, q_n, q_total, what);
-        }
+        kl_sum += r->kl; top1_sum += r->top1; q_n += r->nq;
         if (out->fd < 0) continue;
         ln.n = 0;
         line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"request\",\"kv\":\"");
@@ -742,8 +826,9 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                     r->tr->id, r->tr->arrival, r->n_prompt, r->hit_tokens, r->out.n, r->tr->n_turns, r->cut ? "true" : "false",
                     r->preemptions,
                     r->t_admit - r->t_arrive, tt, r->out.n > 1 ? tp * 1e3 : 0.0);
-        if (nq) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,\"shadow_differs\":%ld,", nq,
-                            kl / nq, top1 / nq, differ);
+        if (r->nq) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,", r->nq, r->kl / r->nq,
+                               r->top1 / r->nq);
+        if (r->nq && o->shadow == 2) line_printf(&ln, "\"shadow_differs\":%ld,", r->differ);
         if (sv.ad) {   /* adapt: the member it started in, each switch */
             line_printf(&ln, "\"member\":\"");
             line_json_str(&ln, ad.spec[r->start_member]);
@@ -814,7 +899,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
     line_free(&occ);
     free(ttft); free(tpot); free(queue);
     for (int i = 0; i < N; i++) { free(q[i].ids.ids); free(q[i].out.ids); }
-    for (int i = 0; i < N; i++) free(q[i].sw);
+    for (int i = 0; i < N; i++) { free(q[i].sw); free(q[i].sc); }
     free(q); free(running); free(waiting); free(tried); free(batch); free(tokens); free(bi);
     state_free(&s);
     kv_pool_free(&sv.pool);

@@ -7,6 +7,9 @@
 #  - prefix caching on a scripted trace: three identical prompts arriving one after another, so the 2nd and 3rd find
 #    the 1st's pages: hit rate = 2 * 16 * floor((n - 1) / 16) / (3 n) for a prompt of n tokens, by hand from the
 #    records' prompt_tokens; the hit tokens per request are 0, then that block count; the ids equal -prefix 0's;
+#  - the shadow pass: full scores KL 0 / top-1 1 against itself; -shadow 2's replay of each request alone gives the
+#    served logits bit for bit; a request's figures are the same served with others as alone (the pass's shared
+#    prefix changes nothing);
 #  - a multi-turn request whose next turn does not fit -c is cut there and -shadow scores what was served; requests
 #    over -c fail, each with a "failed":true record;
 #  - a soak: 1,000 generated requests (random pattern, 1 to 16 document tokens, 1 token each) through a pool of 10%,
@@ -15,8 +18,8 @@
 #    (kv_pool_check, the lanes' page references = the pool's) and that no page is held at the end, and exits with an
 #    error otherwise. Under KVLAB_SANITIZE (ASan + UBSan) 12 requests through a 30% pool;
 #  - adapt: two chains on a short pool (thresholds; shrinking instead of preempting): switches logged per request and
-#    counted per run, each at or above its threshold, the shadow pass replaying each request's switches reproduces its
-#    served tokens, unswitched requests have KL 0, fewer preemptions than full on the same pool;
+#    counted per run, each at or above its threshold, -shadow 2's replay of each request's switches reproduces its
+#    served logits, unswitched requests have KL 0, fewer preemptions than full on the same pool;
 #  - bad input: no source of requests, two sources, -pattern with -trace, a bad -pool, a bad trace line, a spec the
 #    pool cannot page, bad adapt: chains: one error line and a non-zero exit.
 # SKIPs without models/smollm2-135m-instruct.bin.
@@ -89,6 +92,40 @@ ids0 = {r["id"]: r["ids"] for r in r0 if r["kind"] == "request"}
 check({r["id"]: r["ids"] for r in req} == ids0 and len(set(str(r["ids"]) for r in req)) == 1,
       "the cached and uncached runs give the same ids, and the three requests the same answer")
 PY
+    # the shadow pass: served logits against full fed the served tokens. full scores KL 0 and top-1 1 against itself;
+    # -shadow 2's replay of each request alone gives the served logits bit for bit; and a request's figures do not
+    # depend on the other requests (the pass reuses the prefix two requests share, which must change no bit): three
+    # requests over one document at two lengths and two questions, together and each alone
+    q1="Summarize the licence above in one sentence." q2="Who wrote this licence?"
+    { echo "{\"arrival\":0,\"doc\":\"$L/Apache-2.0\",\"doc_tokens\":200,\"prompt\":\"$q1\",\"n\":12}"
+      echo "{\"arrival\":0,\"doc\":\"$L/Apache-2.0\",\"doc_tokens\":200,\"prompt\":\"$q2\",\"n\":12}"
+      echo "{\"arrival\":1,\"doc\":\"$L/Apache-2.0\",\"doc_tokens\":120,\"prompt\":\"$q1\",\"n\":12}"; } >"$tmp/sh.jsonl"
+    SK="-kv full -kv h2o:48 -kv sink:32,type=q8"
+    "$RUN" "$M" -m serve -trace "$tmp/sh.jsonl" $SK -shadow 2 -o "$tmp/sh.out" 2>"$tmp/sh.err" ||
+        fail "serve -shadow 2: $(tail -2 "$tmp/sh.err")"
+    for k in 1 2 3; do
+        sed -n "${k}p" "$tmp/sh.jsonl" | sed 's/"arrival":[0-9]*/"arrival":0/' >"$tmp/sh$k.jsonl"
+        "$RUN" "$M" -m serve -trace "$tmp/sh$k.jsonl" $SK -shadow 1 -o "$tmp/sh$k.out" 2>>"$tmp/sh.err" ||
+            fail "serve -shadow 1, request $k alone: $(tail -2 "$tmp/sh.err")"
+    done
+    python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def check(ok, msg): print(("PASS " if ok else "FAIL ") + msg)
+req = lambda f: [r for r in map(json.loads, open(f)) if r["kind"] == "request"]
+both = req(f"{tmp}/sh.out")
+check(len(both) == 9 and all(r["kl"] == 0 and r["top1"] == 1 for r in both if r["kv"] == "full")
+      and all(r["kl"] > 0 for r in both if r["kv"] != "full"),
+      "-shadow: full against its own shadow has KL 0 and top-1 1 on every request; h2o:48 and sink:32,type=q8 KL > 0")
+check(all(r["shadow_differs"] == 0 and r["shadow_positions"] == r["out_tokens"] + (r["out_tokens"] < 12) for r in both),
+      "-shadow 2: each request replayed alone through its policy gives the served logits bit for bit at every "
+      "sampled position (one per answer token, and the end-of-turn one when it stopped early)")
+alone = {(r["kv"], k): r for k in (1, 2, 3) for r in req(f"{tmp}/sh{k}.out")}
+same = all((r["kl"], r["top1"], r["ids"]) == (alone[(r["kv"], r["id"] + 1)]["kl"], alone[(r["kv"], r["id"] + 1)]["top1"],
+                                             alone[(r["kv"], r["id"] + 1)]["ids"]) for r in both)
+check(same, "each request's KL, top-1 and ids are the same served with the others as alone (the shadow's shared "
+      "prefix changes no bit)")
+PY
     # a request whose next turn does not fit -c ends there, and the shadow pass scores what was served; requests
     # larger than -c fail with a record each
     printf '{"arrival":0,"turns":["Hi","%s"],"n":4}\n' "$(printf 'x %.0s' $(seq 300))" >"$tmp/cut.jsonl"
@@ -102,10 +139,10 @@ PY
         pass "3 requests over -c 64 fail, each said on stderr and recorded with \"failed\":true"
     else fail "requests over -c: rc $rc, $nf failed records, $(tail -1 "$tmp/fail.err")"; fi
     # adapt: chains switch running sequences at occupancy thresholds and, on a short pool, shrink one before any
-    # preemption; the shadow pass replays each request's switches, so its policy cache's argmax is the served token
-    # at every answer position (shadow_differs 0), which checks the move and the log against each other
+    # preemption; -shadow 2 replays each request's switches, so its policy cache's logits are the served ones at
+    # every sampled position (shadow_differs 0), which checks the move and the log against each other
     B="$DOCS -requests 8 -lengths 64,240 -n 16 -pattern hotspot -arrival 0.2 -prefix 0 -pool 20%"
-    "$RUN" "$M" -m serve $B -kv adapt:full@0/q8@60/h2o:64@85 -kv adapt:full@0/h2o:48@100 -shadow 1 \
+    "$RUN" "$M" -m serve $B -kv adapt:full@0/q8@60/h2o:64@85 -kv adapt:full@0/h2o:48@100 -shadow 2 \
         -o "$tmp/adapt.jsonl" 2>"$tmp/adapt.err" && "$RUN" "$M" -m serve $B -kv full -o "$tmp/adapt_full.jsonl" \
         2>>"$tmp/adapt.err"
     rc=$?
@@ -123,7 +160,8 @@ sw = sum(len(r["switches"]) for r in ra)
 check(run[a]["finished"] == 8 and sw > 0 and sw == sum(run[a]["switches_to"].values()),
       f"{a}: 8 requests finish, {sw} switches logged in the requests, as many as the run counts ({run[a]['switches_to']})")
 check(all(r["shadow_differs"] == 0 for r in ra + req(b)),
-      "each request's shadow replays its switches: the policy's argmax is the served token at every answer position")
+      "each request's replay follows its switches: the policy's logits are the served ones, bit for bit, at every "
+      "sampled position")
 unswitched = [r for r in ra + req(b) if not r["switches"] and r["member"] == "full"]
 check(len(unswitched) > 0 and all(r["kl"] == 0 for r in unswitched) and all(r["kl"] > 0 for r in ra if r["switches"]),
       f"requests that stayed in full ({len(unswitched)}) have KL 0 to the full shadow (full is held as h2o with the "

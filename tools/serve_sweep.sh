@@ -5,8 +5,7 @@
 #   2. pool sizes 100, 50, 25, 10% (hotspot): full (preempting), the default adapt: chain, and the static
 #      full,type=q8, sink:256,type=q8 and h2o:256 at 100% and 10%;
 #   3. quality against each request's own full shadow (-shadow 1) for the static policies once (their answers do not
-#      depend on the pool) and for adapt at 10% (at 100% it never switches; the shadow pass of 64 requests costs
-#      about 5 minutes a spec on 2 cores).
+#      depend on the pool) and for adapt at every pool size (its switches do).
 # Each run appends its records to OUT/sweep.jsonl as it ends, so an interrupted sweep keeps what it measured; a
 # progress line with an ETA after each run; the table (markdown) at the end, from the records: tools/serve_table.py.
 # Usage: tools/serve_sweep.sh [OUT_DIR]   (env: REQUESTS, N, RUN, MODEL)
@@ -25,8 +24,7 @@ ADAPT=adapt:full@0/q8@80/h2o:1024@90/h2o:256@95
 runs=()
 for p in sequential random hotspot; do runs+=("pattern=$p|-pattern $p -pool 100% -kv full"); done
 for pool in 50% 25% 10%; do runs+=("pool=$pool|-pattern hotspot -pool $pool -kv full"); done
-for pool in 100% 50% 25%; do runs+=("pool=$pool|-pattern hotspot -pool $pool -kv $ADAPT"); done
-runs+=("pool=10%|-pattern hotspot -pool 10% -kv $ADAPT -shadow 1")
+for pool in 100% 50% 25% 10%; do runs+=("pool=$pool|-pattern hotspot -pool $pool -kv $ADAPT -shadow 1"); done
 runs+=("pool=100%|-pattern hotspot -pool 100% -kv full,type=q8 -kv sink:256,type=q8 -kv h2o:256")
 runs+=("pool=10%|-pattern hotspot -pool 10% -kv full,type=q8 -kv sink:256,type=q8 -kv h2o:256 -shadow 1")
 : >"$OUT/sweep.jsonl"

@@ -2,7 +2,7 @@
  * policies share one pool and run in one batch (forward_batch) in seeded rounds of 0..9 tokens; each token's logits
  * must equal the same sequence run alone with a single run's cache, bit for bit, while the pool's invariants hold
  * after every round (kv_pool_check; the pages the caches hold = the pool's held pages; a round takes at most
- * kv_pages_needed pages). The policies include snapkv, whose lanes shrink at the prompt's end and give pages back
+ * kv_pages_needed pages; the pool is the caches' only vector storage: vectors_outside). The policies include snapkv, whose lanes shrink at the prompt's end and give pages back
  * (lane_shed_pages), eviction, merging and selection. Also: a pool too small makes kv_append fail; freeing every
  * cache leaves the pool whole; specs the pool cannot page are refused; a second sequence that adopts the first's
  * prompt pages (prefix caching, kv_cache_adopt_prefix) gives the logits of its own full run. Random GQA model
@@ -58,6 +58,24 @@ static float *alone(Model *m, int j) {
     return all;
 }
 
+/* The pool is the only place a pool cache keeps vectors: no lane has vector arrays of its own (k, v), each page a
+   lane holds is a page of the pool (its key and value rows where kv_pool_page says), and every live slot falls in a
+   page the lane holds. Returns the violations. */
+static int vectors_outside(const KVCache *c, const KVPool *pool) {
+    int bad = 0;
+    for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++) {
+        const KVLane *ln = &c->lanes[i];
+        bad += ln->k[0] != NULL || ln->v[0] != NULL || c->n_bands != 1;
+        for (int j = 0; j < ln->n_pages; j++) {
+            int id = ln->page_id[j];
+            uint8_t *pg = id >= 0 && id < pool->n_pages ? kv_pool_page(pool, id) : NULL;
+            bad += !pg || ln->kpg[0][j] != pg || ln->vpg[0][j] != pg + (size_t)c->page_slots * c->band_kb[0];
+        }
+        for (int r = 0; r < ln->n_live; r++) bad += (ln->live[r] - ln->band_first[0]) >> ln->pg_shift >= ln->n_pages;
+    }
+    return bad;
+}
+
 /* every sequence in one batch over one pool; counts differing tokens, broken invariants (*broken) and the most
    pages any cache gave back in a round (*shed) */
 static long pooled(Model *m, float *const *ref, uint64_t seed, int *broken, int *shed) {
@@ -97,6 +115,7 @@ static long pooled(Model *m, float *const *ref, uint64_t seed, int *broken, int 
         }
         *broken += kv_pool_check(&pool, err, sizeof err) != 0 || held != kv_pool_n_held(&pool)
                    || (int)pool.taken - taken0 > need;
+        for (int j = 0; j < NSEQ; j++) *broken += vectors_outside(&c[j], &pool);
         for (int j = 0, row = 0; j < NSEQ; row += seq[j].n, j++) {
             for (int t = 0; t < seq[j].n; t++)
                 bad += memcmp(s.logits + (size_t)(row + t) * V, ref[j] + (size_t)(done[j] + t) * V, V * sizeof(float)) != 0;
@@ -189,7 +208,8 @@ int main(void) {
             CHECK(bad == 0 && broken == 0 && shed > 0,
                   "%d sequences (%s ... %s) in one pool, one batch (schedule %llu, %d thread%s): every token's logits "
                   "equal the sequence run alone with its own cache bit for bit (%ld of %d differ); the pool's "
-                  "invariants held after every round and it is whole at the end (%d broken); a cache gave pages back "
+                  "invariants held after every round, its pages the only vector storage, and it is whole at the end (%d "
+                  "broken); a cache gave pages back "
                   "(%d at most in one round)", NSEQ, specs[0], specs[NSEQ - 1], (unsigned long long)seed,
                   threads[ti], threads[ti] > 1 ? "s" : "", bad, NSEQ * NTOK, broken, shed);
         }

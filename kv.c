@@ -1548,6 +1548,18 @@ const float *kv_rope_at(KVCache *c, int t) {
 void kv_set_prompt_len(KVCache *c, int n_tokens) { c->policy.prompt_len = n_tokens > 0 ? n_tokens : 0; }
 void kv_set_context_len(KVCache *c, int n_tokens) { c->policy.context_len = n_tokens > 0 ? n_tokens : 0; }
 
+int kv_full_prefix(const KVCache *c) {
+    const KVPolicyOps *ops = c->policy.ops;
+    if (!ops->full_prefix || c->n_bands > 1 || c->band_ktype[0] != KV_F32 || c->band_vtype[0] != KV_F32
+        || c->spec.pos != POS_ORIG || c->kgroup || c->krank || c->vrank || c->merges || c->merge_evict || c->tiers
+        || c->ada || c->pool || c->device || c->on_slot)
+        return 0;
+    int n = ops->full_prefix(&c->policy);
+    for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++)
+        if (c->lanes[i].cap < n) n = c->lanes[i].cap;   /* the first token that finds a lane full may evict */
+    return n > 0 ? n : 0;
+}
+
 int kv_query_aware(const KVCache *c) {
     const char *q = kv_spec_value(&c->spec, "query");
     return c->policy.ops->prompt_end && !(q && !strcmp(q, "agnostic"));

@@ -380,6 +380,13 @@ typedef struct {
      * be ranked together (Ada-KV). Computed from the lane view and the policy's parameters only, never from per-lane
      * state, so it may score a lane of another cache that holds this policy's metadata. NULL: the policy cannot. */
     void (*keep_score)(const KVPolicy *p, int lane, const KVLane *ln, int pos_now, double *score);
+    /* Sharing a full cache's prefill (kv_full_prefix): the tokens, counted from a reset, over which the policy does
+     * nothing but store, as `full` does: no verb, and its state and every slot's metadata stay as reset and on_insert
+     * leave them (its observe changes nothing yet). INT_MAX: until a lane is full (window, sink, random: they act
+     * only when they must free a slot). Asked after kv_set_prompt_len / kv_set_context_len (snapkv: its observation
+     * window opens obs tokens before its compression point). NULL: none (a policy that scores from the first
+     * token, h2o, tova, ...). */
+    int (*full_prefix)(const KVPolicy *p);
 } KVPolicyOps;
 
 struct KVPolicy {
@@ -653,6 +660,13 @@ void kv_set_context_len(KVCache *c, int n_tokens);
 /* 1 when the policy compresses at the prompt's end and its observation window may hold the question (snapkv with
  * query=aware, the default); 0 for every other policy and for query=agnostic. */
 int kv_query_aware(const KVCache *c);
+/* The tokens n such that feeding positions 0..n-1 to c, just reset (and told its prompt and context lengths), leaves
+ * it exactly as moving in (kv_cache_transfer) the lanes of a `full,type=f32` cache (pos=orig) fed the same tokens
+ * would: same slots, positions, key and value bits, metadata and policy state. The policy's full_prefix, capped by
+ * the smallest lane; 0 unless the cache is plain (one f32 band, pos=orig, no merging, per-channel keys, low rank,
+ * memory tiers, alloc=ada, pool or device mirror). Lets several policies share one prefill of a prompt's first
+ * tokens (-m task), which is exact because the forward pass gives the same bits whatever the chunking. */
+int kv_full_prefix(const KVCache *c);
 /* Drop every token at position >= n from every lane (a request's own tokens after a shared context, so the context's
  * cache can serve the next request): no event, not counted as evictions, the policy's metadata of the kept tokens
  * untouched. Single-run caches of one storage band without merging, per-channel keys, low rank, memory tiers or a

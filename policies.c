@@ -91,12 +91,15 @@ static int argmin_f32(const KVLane *ln, int i0, int i1) {
  * full: never evicts. The lane holds the whole context (-c); past it the cache is full and generation stops.
  * ------------------------------------------------------------------------------------------------------------- */
 
+/* full_prefix of the policies that act only when a lane is full (full, window, sink, random) */
+static int until_full(const KVPolicy *p) { return INT_MAX; }
+
 static const KVPolicyOps policy_full = {
     .example = "full",
     .name = "full", .family = "eviction",
     .paper = "the plain KV cache of a Transformer decoder (Vaswani et al. 2017)",
     .summary = "never evict; budget = the context (-c)", .options = "", .reason = "none",
-    .needs_budget = 0, .evicts = 0,
+    .needs_budget = 0, .evicts = 0, .full_prefix = until_full,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -120,7 +123,7 @@ static const KVPolicyOps policy_window = {
     .name = "window", .family = "eviction",
     .paper = "sliding window: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1",
     .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
-    .needs_budget = 1, .evicts = 1, .evict = window_evict, .keep_score = window_keep,
+    .needs_budget = 1, .evicts = 1, .evict = window_evict, .keep_score = window_keep, .full_prefix = until_full,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -173,6 +176,7 @@ static const KVPolicyOps policy_sink = {
     .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
     .options = "sinks=S (default 4)", .reason = "oldest after the sinks", .needs_budget = 1, .evicts = 1,
     .init = sink_init, .evict = sink_evict, .describe = sink_describe, .keep_score = sink_keep,
+    .full_prefix = until_full,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -614,7 +618,7 @@ static const KVPolicyOps policy_random = {
     .paper = "uniform random eviction, the baseline of the eviction papers",
     .summary = "random:N evicts a uniformly drawn token (counter-based, seed=K)",
     .options = "seed=K (default 1)", .reason = "random draw", .needs_budget = 1, .evicts = 1, .init = random_init,
-    .evict = random_evict, .describe = random_describe,
+    .evict = random_evict, .describe = random_describe, .full_prefix = until_full,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -739,6 +743,13 @@ static int snap_check_mode(const KVSpec *sp, const char *mode, char *err, size_t
     return 0;
 }
 
+/* Nothing but storing before the observation window opens (obs tokens before the compression point). */
+static int snap_full_prefix(const KVPolicy *p) {
+    const SnapState *st = p->state;
+    int end = st->agnostic ? p->context_len : p->prompt_len;
+    return end > st->obs ? end - st->obs : 0;
+}
+
 static void snap_describe(const KVPolicy *p, char *buf, size_t len) {
     const SnapState *st = p->state;
     snprintf(buf, len, "obs=%d kernel=%d prefill=%d query=%s", st->obs, st->kernel, st->prefill,
@@ -756,6 +767,7 @@ static const KVPolicyOps policy_snapkv = {
     .reason = "prompt compression: lowest pooled attention of the observation window", .needs_budget = 1,
     .evicts = 0, .grows = 1, .prompt_end = 1, .init = snap_init, .check_mode = snap_check_mode, .reset = snap_reset,
     .meta_bytes_per_slot = meta_4, .observe = snap_observe, .prune = snap_prune, .describe = snap_describe,
+    .full_prefix = snap_full_prefix,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

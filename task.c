@@ -492,16 +492,31 @@ static int feed_and_answer(const ItemRun *ir, const int *ids, size_t n, int *pos
     return rc ? rc : eval_answer(ir->m, ir->r, pos, ir->max_new, ir->stop, answer, cap);
 }
 
-/* The item's prompt from an empty cache, answered and scored. 0 or PK_STOPPED (nothing recorded then). */
-static int ask_one(ItemRun *ir) {
-    char answer[2048];
+/* An empty cache for the item's prompt: reset, told the prompt's and the context's lengths. */
+static void item_cache_start(KVCache *c, const ItemRun *ir) {
+    kv_cache_reset(c);
+    kv_set_prompt_len(c, (int)ir->p->n);
+    kv_set_context_len(c, ir->question_pos);   /* snapkv query=agnostic compresses before the question */
+}
+
+/* The item's prompt from an empty cache, answered and scored; its first `from` tokens moved in from `shared`, a
+ * `full,type=f32` cache that holds them (from <= kv_full_prefix of the policy's cache, so that is bit for bit what
+ * the policy's own prefill of them leaves), or none (from 0). 0 or PK_STOPPED (nothing recorded then). */
+static int ask_one(ItemRun *ir, const KVCache *shared, int from) {
+    char answer[2048], err[512];
     PolicyRun *r = ir->r;
-    kv_cache_reset(&r->cache);
-    kv_set_prompt_len(&r->cache, (int)ir->p->n);
-    kv_set_context_len(&r->cache, ir->question_pos);   /* snapkv query=agnostic compresses before the question */
+    item_cache_start(&r->cache, ir);
     r->asked.n = 0;
     int pos = 0;
-    int rc = feed_and_answer(ir, ir->p->ids, ir->p->n, &pos, answer, sizeof answer);
+    if (from > 0) {
+        KVCache tmp;
+        if (kv_cache_clone(&tmp, shared, err, sizeof err) || kv_cache_transfer(&r->cache, &tmp, from, err, sizeof err))
+            fatal("-m task: moving the shared prefill into '%s': %s", r->cache.spec.text, err);
+        kv_cache_free(&tmp);
+        for (int i = 0; i < from; i++) ids_push(&r->asked, ir->p->ids[i]);
+        pos = from;
+    }
+    int rc = feed_and_answer(ir, ir->p->ids + from, ir->p->n - (size_t)from, &pos, answer, sizeof answer);
     if (rc == PK_STOPPED) return rc;
     note_bytes(r);
     TaskScore sc = task_score(ir->it, answer);
@@ -691,44 +706,92 @@ int run_task(Model *m, const Options *o) {
             "output (RULER's string match), exact: all of them\n", items, max_new, (unsigned long long)seed);
     long total_tokens = 0, done_tokens = 0;
     for (int li = 0; li < n_lens; li++) total_tokens += (long)lens[li] * n_depths * items * n_pol;
-    Cell *cells = calloc((size_t)n_lens * n_depths, sizeof *cells);
-    if (!cells) fatal("out of memory");
+    /* Item by item, every policy in turn, all asked the same items. The policies that only store over a prompt's
+     * first n tokens (kv_full_prefix: full, window and sink until a lane is full, snapkv until its observation window)
+     * start from one `full,type=f32` prefill of the item's prompt, moved into their cache at their n: the forward
+     * pass gives the same bits whatever the chunking, so their answers and bytes are those of their own prefill
+     * (tests/test_task.sh compares with -prefix 0). Shared-context questions (-questions) prefill alone. */
+    int share = o->prefix && !o->questions;
+    PolicyRun *runs = calloc((size_t)n_pol, sizeof *runs), pre;
+    Cell *cells = calloc((size_t)n_pol * n_lens * n_depths, sizeof *cells);
+    double *qsum = calloc((size_t)n_pol * TASK_MAX_NEEDLES, sizeof *qsum), *secs = calloc((size_t)n_pol, sizeof *secs);
+    int *qn = calloc((size_t)n_pol * TASK_MAX_NEEDLES, sizeof *qn), *from = calloc((size_t)n_pol, sizeof *from),
+        *order = calloc((size_t)n_pol, sizeof *order);
+    if (!runs || !cells || !qsum || !secs || !qn || !from || !order) fatal("out of memory");
+    for (int k = 0; k < n_pol; k++) {
+        policy_run_init(&runs[k], m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
+        if (o->kvlog) kvlog_attach(&runs[k].kvlog, &job.kvlog, m, &runs[k].asked, &runs[k].cache);
+    }
+    if (share) policy_run_init(&pre, m, o, "full,type=f32", ctx, 0, chunk, NULL);
+    long shared_tokens = 0, own_tokens = 0;   /* prompt tokens moved in from the shared prefill, and prefilled alone */
+    double pre_secs = 0;
     int stopped = 0;
     double t_job = now_s();
-    for (int k = 0; k < n_pol && !stopped; k++) {
-        uint64_t rng = seed;   /* every policy is asked the same items */
-        PolicyRun r;
-        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
-        if (o->kvlog) kvlog_attach(&r.kvlog, &job.kvlog, m, &r.asked, &r.cache);
-        memset(cells, 0, (size_t)n_lens * n_depths * sizeof *cells);
-        double qsum[TASK_MAX_NEEDLES] = {0};   /* -questions: Σ score and count per question (turn) */
-        int qn[TASK_MAX_NEEDLES] = {0};
-        double t_policy = now_s();
-        for (int li = 0; li < n_lens && !stopped; li++)
-            for (int di = 0; di < n_depths && !stopped; di++)
-                for (int rep = 0; rep < items && !stopped; rep++) {
-                    uint64_t item_seed = splitmix64(&rng);
-                    TaskItem it;
-                    Prompt p;
-                    int stop;
-                    int smallest;
-                    if (item_fit(&it, &p, &stop, m, o, kind, kind == TASK_CWE ? 0 : depths[di], item_seed,
-                                 prompt_room(o, lens[li], max_new), &smallest))
-                        fatal("-lengths: %d tokens is too short for -task %s at depth %g: its smallest prompt takes "
-                              "%d tokens", lens[li], task_name(kind), depths[di], smallest);
-                    ItemRun ir = {m, o, &r, &it, &p, kind, lens[li], kind == TASK_CWE ? NAN : depths[di], rep,
-                                  item_seed, it.n_needles ? prompt_tokens_before(m, &p, it.needle_at[0]) : -1,
-                                  prompt_tokens_before(m, &p, it.question_at), stop, chunk, max_new, &job.out, &ln, &job.pv,
-                                  &cells[li * n_depths + di], qsum, qn};
-                    int rc = o->questions ? ask_shared(&ir) : ask_one(&ir);
-                    prompt_free(&p);
-                    task_item_free(&it);
+    uint64_t rng = seed;
+    for (int li = 0; li < n_lens && !stopped; li++)
+        for (int di = 0; di < n_depths && !stopped; di++)
+            for (int rep = 0; rep < items && !stopped; rep++) {
+                uint64_t item_seed = splitmix64(&rng);
+                TaskItem it;
+                Prompt p;
+                int stop;
+                int smallest;
+                if (item_fit(&it, &p, &stop, m, o, kind, kind == TASK_CWE ? 0 : depths[di], item_seed,
+                             prompt_room(o, lens[li], max_new), &smallest))
+                    fatal("-lengths: %d tokens is too short for -task %s at depth %g: its smallest prompt takes "
+                          "%d tokens", lens[li], task_name(kind), depths[di], smallest);
+                ItemRun ir = {m, o, NULL, &it, &p, kind, lens[li], kind == TASK_CWE ? NAN : depths[di], rep,
+                              item_seed, it.n_needles ? prompt_tokens_before(m, &p, it.needle_at[0]) : -1,
+                              prompt_tokens_before(m, &p, it.question_at), stop, chunk, max_new, &job.out, &ln, &job.pv,
+                              NULL, NULL, NULL};
+                /* each policy's share of the prefill, the policies in increasing order of it, so the shared cache
+                   only grows. The last prompt token is always the policy's own (its logits answer), and the share
+                   ends on a chunk boundary, so the policy's own chunks are the ones it would prefill alone: the bits
+                   do not depend on chunking, but a peak of live bytes measured while a chunk goes layer by layer
+                   through a compression (snapkv) does */
+                for (int k = 0; k < n_pol; k++) {
+                    from[k] = 0;
+                    if (share) {
+                        item_cache_start(&runs[k].cache, &ir);
+                        int n = kv_full_prefix(&runs[k].cache);
+                        from[k] = (n < (int)p.n - 1 ? n : (int)p.n - 1) / chunk * chunk;
+                    }
+                    int j = k;
+                    for (; j > 0 && from[order[j - 1]] > from[k]; j--) order[j] = order[j - 1];
+                    order[j] = k;
+                }
+                int pre_pos = 0;
+                if (share) item_cache_start(&pre.cache, &ir);
+                for (int j = 0; j < n_pol && !stopped; j++) {
+                    int k = order[j];
+                    if (from[k] > pre_pos) {
+                        double t0 = now_s();
+                        int rc = prefill(m, &pre, p.ids + pre_pos, (size_t)(from[k] - pre_pos), &pre_pos, chunk);
+                        pre_secs += now_s() - t0;
+                        if (rc == PK_STOPPED) { stopped = 1; break; }
+                        if (rc) fatal("-m task: the shared prefill of %d tokens did not fit -c %d", from[k], ctx);
+                    }
+                    ir.r = &runs[k];
+                    ir.cell = &cells[((size_t)k * n_lens + li) * n_depths + di];
+                    ir.qsum = qsum + (size_t)k * TASK_MAX_NEEDLES;
+                    ir.qn = qn + (size_t)k * TASK_MAX_NEEDLES;
+                    double t0 = now_s();
+                    int rc = o->questions ? ask_shared(&ir) : ask_one(&ir, share ? &pre.cache : NULL, from[k]);
+                    secs[k] += now_s() - t0;
                     if (rc == PK_STOPPED) { stopped = 1; break; }
+                    shared_tokens += from[k];
+                    own_tokens += (long)p.n - from[k];
                     done_tokens += lens[li];
                     progress(t_job, done_tokens, total_tokens, "task");
                 }
+                prompt_free(&p);
+                task_item_free(&it);
+            }
+    for (int k = 0; k < n_pol; k++) {
+        const PolicyRun *r = &runs[k];
+        const Cell *pc = &cells[(size_t)k * n_lens * n_depths];
         /* the table: mean score by length (rows) and depth (columns), exact answers beside it */
-        fprintf(stderr, "\n%s, %s: mean score (exact/items) by length (rows)%s\n%8s", r.cache.spec.text,
+        fprintf(stderr, "\n%s, %s: mean score (exact/items) by length (rows)%s\n%8s", r->cache.spec.text,
                 task_name(kind), kind == TASK_CWE ? "" : " and depth (columns)", "");
         for (int di = 0; di < n_depths; di++)
             if (kind == TASK_CWE) fprintf(stderr, " %13s", "-");
@@ -739,7 +802,7 @@ int run_task(Model *m, const Options *o) {
         for (int li = 0; li < n_lens; li++) {
             fprintf(stderr, "%8d", lens[li]);
             for (int di = 0; di < n_depths; di++) {
-                const Cell *c = &cells[li * n_depths + di];
+                const Cell *c = &pc[li * n_depths + di];
                 char cell[32];
                 if (c->n) snprintf(cell, sizeof cell, "%.3f (%d/%d)", c->score / c->n, c->exact, c->n);
                 else snprintf(cell, sizeof cell, "-");
@@ -751,16 +814,24 @@ int run_task(Model *m, const Options *o) {
             fprintf(stderr, "\n");
         }
         if (o->questions) {
-            fprintf(stderr, "%s, %s -questions %d -shared %s: mean score by question:", r.cache.spec.text,
+            fprintf(stderr, "%s, %s -questions %d -shared %s: mean score by question:", r->cache.spec.text,
                     task_name(kind), o->questions, o->shared);
-            for (int q = 0; q < o->questions; q++) fprintf(stderr, " %d: %.3f", q + 1, qn[q] ? qsum[q] / qn[q] : 0);
+            for (int q = 0; q < o->questions; q++) {
+                int nq = qn[(size_t)k * TASK_MAX_NEEDLES + q];
+                fprintf(stderr, " %d: %.3f", q + 1, nq ? qsum[(size_t)k * TASK_MAX_NEEDLES + q] / nq : 0);
+            }
             fprintf(stderr, "\n");
         }
-        fprintf(stderr, "%s, %s: score %.3f, exact %d/%d items, peak KV %.2f MiB, %.1f s%s\n", r.cache.spec.text,
-                task_name(kind), n ? sum / n : 0, ex, n, r.peak.peak_live / 1048576.0, now_s() - t_policy,
+        fprintf(stderr, "%s, %s: score %.3f, exact %d/%d items, peak KV %.2f MiB, %.1f s%s\n", r->cache.spec.text,
+                task_name(kind), n ? sum / n : 0, ex, n, r->peak.peak_live / 1048576.0, secs[k],
                 stopped ? " (stopped early)" : "");
-        policy_run_free(&r);
     }
+    if (share && shared_tokens)
+        fprintf(stderr, "task: %ld prompt tokens moved in from one shared full-cache prefill per item (%.1f s), %ld "
+                "prefilled by the policies themselves (-prefix 0: all of them)\n", shared_tokens, pre_secs, own_tokens);
+    for (int k = 0; k < n_pol; k++) policy_run_free(&runs[k]);
+    if (share) policy_run_free(&pre);
+    free(runs); free(qsum); free(secs); free(qn); free(from); free(order);
     if (stopped) fprintf(stderr, "task: stopped by %s: the item being asked was dropped; every answer above is "
                          "recorded\n", run_signal_name(run_signal));
     free(cells);

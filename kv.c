@@ -1555,6 +1555,10 @@ int kv_full_prefix(const KVCache *c) {
         || c->ada || c->pool || c->device || c->on_slot)
         return 0;
     int n = ops->full_prefix(&c->policy);
+    if (ops->select) {   /* it selects from the first query, or from the prompt's end under prompt=dense */
+        int until = c->prompt_dense ? c->policy.prompt_len : 0;
+        if (n > until) n = until;
+    }
     for (int i = 0; i < c->shape.n_layers * c->shape.n_kv_heads; i++)
         if (c->lanes[i].cap < n) n = c->lanes[i].cap;   /* the first token that finds a lane full may evict */
     return n > 0 ? n : 0;

@@ -383,7 +383,8 @@ typedef struct {
     /* Sharing a full cache's prefill (kv_full_prefix): the tokens, counted from a reset, over which the policy does
      * nothing but store, as `full` does: no verb, and its state and every slot's metadata stay as reset and on_insert
      * leave them (its observe changes nothing yet). INT_MAX: until a lane is full (window, sink, random: they act
-     * only when they must free a slot). Asked after kv_set_prompt_len / kv_set_context_len (snapkv: its observation
+     * only when they must free a slot), or for a selection policy until its first selecting query (kv_full_prefix
+     * caps it: the prompt's end under prompt=dense, none otherwise; quest, topk). Asked after kv_set_prompt_len / kv_set_context_len (snapkv: its observation
      * window opens obs tokens before its compression point). NULL: none (a policy that scores from the first
      * token, h2o, tova, ...). */
     int (*full_prefix)(const KVPolicy *p);

@@ -91,7 +91,8 @@ static int argmin_f32(const KVLane *ln, int i0, int i1) {
  * full: never evicts. The lane holds the whole context (-c); past it the cache is full and generation stops.
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* full_prefix of the policies that act only when a lane is full (full, window, sink, random) */
+/* full_prefix of the policies that act only when a lane is full (full, window, sink, random), and of the selection
+   policies whose state changes only when they select (quest, topk) */
 static int until_full(const KVPolicy *p) { return INT_MAX; }
 
 static const KVPolicyOps policy_full = {
@@ -898,7 +899,7 @@ static const KVPolicyOps policy_topk = {
              "arXiv:2406.10774, section 3)",
     .summary = "topk:B stores every token; each query reads the B keys with the highest exact scores (oracle)",
     .options = "", .reason = "none", .needs_budget = 1, .evicts = 0, .grows = 1, .select_scores = 1,
-    .select = topk_select,
+    .select = topk_select, .full_prefix = until_full,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -1043,7 +1044,7 @@ static const KVPolicyOps policy_quest = {
     .options = "page=P (default 16; B/P whole pages are read, at least 2)", .reason = "none", .needs_budget = 1,
     .evicts = 0, .grows = 1, .select_keys = 1, .init = quest_init, .reset = quest_reset,
     .select_keys_from = quest_keys_from, .select = quest_select, .select_bytes = quest_select_bytes,
-    .select_scanned = quest_select_scanned, .describe = quest_describe,
+    .select_scanned = quest_select_scanned, .describe = quest_describe, .full_prefix = until_full,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

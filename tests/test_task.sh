@@ -12,10 +12,10 @@
 #    question; question 1 is the same prompt in both protocols and gets the same answer (requests prefilled the context,
 #    cloned and restored the cache: bit-identical); full's live bytes per token are one constant, the cache holding
 #    every turn so far under turns and only the context with this question under requests (restored each time);
-#  - the shared prefill (-prefix 1, the default): ten policies, those that only store over a prompt's first tokens
-#    (full, window, sink, random, snapkv aware and agnostic) moved in from one full-cache prefill, the others (h2o,
-#    quest, q8 storage, pos=cache) alone, at -chunk 7 and 32: every record's answer and bytes equal -prefix 0's, and
-#    stderr counts the tokens moved in;
+#  - the shared prefill (-prefix 1, the default): eleven policies, those that only store over a prompt's first tokens
+#    (full, window, sink, random, snapkv aware and agnostic, quest with prompt=dense) moved in from one full-cache
+#    prefill, the others (h2o, quest selecting from the first query, q8 storage, pos=cache) alone, at -chunk 7 and
+#    32: every record's answer and bytes equal -prefix 0's, and stderr counts the tokens moved in;
 #  - bad flags: an unknown -task, -task without -m task, -m task without -task, a length over -c: one error line.
 # SKIPs without models/smollm2-135m-instruct.bin, and under KVLAB_SANITIZE (minutes under ASan).
 set -u
@@ -137,8 +137,8 @@ check(len(ft) == 3 and len(fq) == 3 and len(per) == 1,
 PY
 
 # the shared prefill against each policy's own, two items of two tasks, odd chunks
-P="-kv full -kv window:64 -kv sink:64 -kv random:64 -kv snapkv:64 -kv snapkv:64,query=agnostic -kv h2o:64 -kv quest:64
-   -kv full,type=q8 -kv sink:64,pos=cache"
+P="-kv full -kv window:64 -kv sink:64 -kv random:64 -kv snapkv:64 -kv snapkv:64,query=agnostic -kv quest:64,prompt=dense
+   -kv h2o:64 -kv quest:64 -kv full,type=q8 -kv sink:64,pos=cache"
 for t in niah_multikey vt; do
     chunks="7 32" len=320; [ $t = vt ] && chunks=32 len=384   # vt's smallest prompt takes 311 tokens
     for pf in 0 1; do for ch in $chunks; do
@@ -160,15 +160,16 @@ for t in ("niah_multikey", "vt"):
     ref = runs[(0, 32)]
     # (snapkv's peak of live bytes is measured while a chunk passes its compression layer by layer, so it depends
     # on -chunk: runs compare at one chunk size, answers across both)
-    check(len(ref) == 20 and all(runs[(1, ch)] == runs[(0, ch)] for ch in chunks)
+    check(len(ref) == 22 and all(runs[(1, ch)] == runs[(0, ch)] for ch in chunks)
           and all([r[:6] for r in runs[(0, ch)]] == [r[:6] for r in ref] for ch in chunks),
-          f"{t}: 10 policies x 2 items, every answer and byte count the same with the shared prefill (-prefix 1) and "
+          f"{t}: 11 policies x 2 items, every answer and byte count the same with the shared prefill (-prefix 1) and "
           f"without, at -chunk {chunks} ({len(ref)} records; answers {sorted({r[5][:12] for r in ref})[:4]}...)")
     moved = [re.search(r"task: (\d+) prompt tokens moved in", open(f"{tmp}/pf_{t}_1_{ch}.err").read()) for ch in chunks]
     n = [int(m.group(1)) if m else 0 for m in moved]
-    # per item: window, sink and random take 64 (56 at -chunk 7), full the prompt less one token, snapkv aware and
-    # agnostic all but their window (32) before the prompt's and the context's end: over 2 x (3 x 56 + 2 x 200) here
-    check(all(x > 2 * (3 * 56 + 2 * 200) for x in n), f"{t}: the shared prefill moved {n} prompt tokens in")
+    # per item: window, sink and random take 64 (56 at -chunk 7), full and quest,prompt=dense the prompt less one
+    # token, snapkv aware and agnostic all but their window (32) before the prompt's and the context's end: over
+    # 2 x (3 x 56 + 4 x 200) here
+    check(all(x > 2 * (3 * 56 + 4 * 200) for x in n), f"{t}: the shared prefill moved {n} prompt tokens in")
 PY
 
 source tests/lib.sh   # expect_error

@@ -1343,7 +1343,8 @@ done:
 /* ---------------------------------------------------------------------------------------------------------------
  * Random models for tests: every value drawn in file order from one splitmix64 stream seeded with the seed.
  * Embedding rows uniform in [-1, 1); matrices uniform in ±1/sqrt(cols) (so W·x keeps x's scale); norm weights
- * 1 ± 0.1; rope factors in [1, 3). No tokenizer (ids-only). */
+ * 1 ± 0.1; rope factors in [1, 3). No tokenizer (ids-only), or a GGUF's (vocab_from): a tiny model that reads text
+ * as a real one does, for tests whose subject is not the weights (the serving pool's soak under the sanitizers). */
 
 int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t errlen) {
     err[0] = 0;
@@ -1352,13 +1353,31 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
                      .seq_len = r->seq_len, .tied = r->tied, .has_rope_factors = r->rope_factors,
                      .rope_theta = r->rope_theta, .norm_eps = 1e-5f, .wtype = r->wtype};
     if (c.head_dim == 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
-    if (model_config_check(&c, err, errlen) || output_check(out, NULL, NULL, 0, err, errlen)) return -1;
+    const char *ins[] = {r->vocab_from}, *what[] = {"--vocab-from"};
+    if (model_config_check(&c, err, errlen) || output_check(out, ins, what, r->vocab_from ? 1 : 0, err, errlen))
+        return -1;
+    Buf tok = {0};
+    if (r->vocab_from) {
+        Mapped m;
+        Gguf g;
+        if (map_file(&m, r->vocab_from, err, errlen)) return -1;
+        int bad = gguf_parse(&g, m.p, m.n, err, errlen);
+        if (!bad) {
+            bad = tok_from_gguf(&tok, &g, err, errlen);
+            if (!bad && !tok.len) bad = errorf(err, errlen, "%s has no tokenizer (tokenizer.ggml.model)", r->vocab_from);
+            if (!bad && rd_u32(tok.p + 4) != (uint32_t)c.vocab_size)
+                bad = errorf(err, errlen, "--vocab %d: the tokenizer of %s has %u tokens", c.vocab_size, r->vocab_from,
+                             rd_u32(tok.p + 4));
+            gguf_free(&g);
+        }
+        unmap_file(&m);
+        if (bad) { free(tok.p); return -1; }
+    }
     int untied = untie_for_q8(&c);
     TensorSpec *specs;
     TensorSrc *srcs;
     size_t n;
-    Buf tok = {0};
-    if (layout_alloc(&specs, &srcs, &n, &c, err, errlen)) return -1;
+    if (layout_alloc(&specs, &srcs, &n, &c, err, errlen)) { free(tok.p); return -1; }
     for (size_t i = 0; i < n; i++) {
         const TensorSpec *s = &specs[i];
         if (!strcmp(s->name, "token_embd.weight")) { srcs[i].center = 0; srcs[i].scale = 1; }
@@ -1371,5 +1390,6 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
     int rc = model_write(out, &c, &tok, specs, srcs, n, &rng, err, errlen);
     free(specs);
     free(srcs);
+    free(tok.p);
     return rc;
 }

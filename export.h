@@ -94,6 +94,8 @@ typedef struct {
     float rope_theta;
     int tied, rope_factors;     /* 1 = tied classifier; 1 = write a rope_freqs vector */
     int wtype;                  /* EXPORT_WTYPE_*; 0 = f32 */
+    const char *vocab_from;     /* a GGUF whose tokenizer (chat template included) the model takes, vocab_size its
+                                   token count; NULL: no tokenizer (ids-only) */
 } ExportRandomSpec;
 int export_random(const ExportRandomSpec *spec, const char *out, char *err, size_t errlen);
 

@@ -18,6 +18,7 @@ static const char *usage =
     "       ./export --llama2c CKPT.bin [--tokenizer TOK.bin] OUT.bin [--wtype f32|q8]   (no tokenizer: ids-only)\n"
     "       ./export --random OUT.bin --dim D --hidden H --layers L --heads NH --kv-heads NKV --vocab V --seq S\n"
     "                --seed K [--head-dim HD] [--theta T] [--tied] [--rope-factors] [--wtype f32|q8]\n"
+    "                [--vocab-from IN.gguf]   (its tokenizer, chat template included; V must be its token count)\n"
     "--wtype q8: the matrices as int8 groups of 32 with an f16 scale (ggml's Q8_0 layout), quantized from f32;\n"
     "            the embedding and norms stay f32, a tied classifier is written as its own q8 copy\n";
 
@@ -40,7 +41,7 @@ int main(int argc, char **argv) {
                                       "--vocab", "--seq", "--seed"};
     long ints[9] = {0};
     int have[9] = {0};
-    const char *theta = NULL;
+    const char *theta = NULL, *vocab_from = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); return 0; }
@@ -54,7 +55,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--rope-factors")) { rope_factors = 1; continue; }
         const char **str_dst = !strcmp(a, "--wtype") ? &wtype : !strcmp(a, "--llama2c") ? &llama2c
                              : !strcmp(a, "--tokenizer") ? &tokenizer : !strcmp(a, "--random") ? &random_out
-                             : !strcmp(a, "--theta") ? &theta : NULL;
+                             : !strcmp(a, "--theta") ? &theta : !strcmp(a, "--vocab-from") ? &vocab_from : NULL;
         int k = -1;
         for (int j = 0; j < 9; j++) if (!strcmp(a, int_flags[j])) k = j;
         if (!str_dst && k < 0) { fprintf(stderr, "export: unknown flag '%s'\n%s", a, usage); return 1; }
@@ -82,13 +83,14 @@ int main(int argc, char **argv) {
     if (modes > 1) { fprintf(stderr, "export: --llama2c and --random exclude each other\n%s", usage); return 1; }
     if (random_out) {
         if (n_pos || tokenizer || vocab_only) {
-            fprintf(stderr, "export: --random takes only the shape flags and --wtype\n%s", usage);
+            fprintf(stderr, "export: --random takes only the shape flags, --wtype and --vocab-from\n%s", usage);
             return 1;
         }
         for (int j = 0; j < 9; j++)
             if (!have[j] && j != 5) { fprintf(stderr, "export: --random needs %s\n%s", int_flags[j], usage); return 1; }
         ExportRandomSpec s = {(int)ints[0], (int)ints[1], (int)ints[2], (int)ints[3], (int)ints[4], (int)ints[5],
-                              (int)ints[6], (int)ints[7], (uint64_t)ints[8], 10000.0f, tied, rope_factors, wt};
+                              (int)ints[6], (int)ints[7], (uint64_t)ints[8], 10000.0f, tied, rope_factors, wt,
+                              vocab_from};
         if (theta) {
             char *end;
             s.rope_theta = strtof(theta, &end);
@@ -104,7 +106,10 @@ int main(int argc, char **argv) {
     }
     for (int j = 0; j < 9; j++)
         if (have[j]) { fprintf(stderr, "export: %s is only for --random\n%s", int_flags[j], usage); return 1; }
-    if (theta || tied || rope_factors) { fprintf(stderr, "export: --theta, --tied, --rope-factors are only for --random\n"); return 1; }
+    if (theta || tied || rope_factors || vocab_from) {
+        fprintf(stderr, "export: --theta, --tied, --rope-factors, --vocab-from are only for --random\n");
+        return 1;
+    }
     if (llama2c) {
         if (n_pos != 1 || vocab_only) {
             fprintf(stderr, "export: --llama2c takes CKPT.bin [--tokenizer TOK.bin] OUT.bin [--wtype f32|q8]\n%s", usage);

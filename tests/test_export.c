@@ -608,7 +608,7 @@ out:
 
 static void test_random(void) {
     char err[EXPORT_ERR_LEN];
-    ExportRandomSpec s = {64, 96, 2, 4, 2, 0, 50, 64, 7, 10000.0f, 0, 0, 0};
+    ExportRandomSpec s = {64, 96, 2, 4, 2, 0, 50, 64, 7, 10000.0f, 0, 0, 0, NULL};
     int rc = export_random(&s, TMP "/r1.bin", err, sizeof err) | export_random(&s, TMP "/r2.bin", err, sizeof err);
     s.seed = 8;
     rc |= export_random(&s, TMP "/r3.bin", err, sizeof err);

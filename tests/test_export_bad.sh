@@ -117,6 +117,11 @@ expect "--random zero dim"              "--dim: 0 is out of range"   --random "$
 expect "--random heads not a multiple"  "not a multiple"             --random "$o" --dim 8 --hidden 8 --layers 1 --heads 4 --kv-heads 3 --vocab 4 --seq 8 --seed 1
 expect "--random bad theta"             "--theta: '-1' is not a positive number" --random "$o" --dim 8 --hidden 8 --layers 1 --heads 2 --kv-heads 1 --vocab 4 --seq 8 --seed 1 --theta -1
 expect "--dim outside --random"         "only for --random"          "$d/good.gguf" "$o" --dim 8
+R="--random $o --dim 8 --hidden 8 --layers 1 --heads 2 --kv-heads 1 --seq 8 --seed 1"
+expect "--vocab-from outside --random"  "only for --random"          "$d/good.gguf" "$o" --vocab-from "$d/good.gguf"
+expect "--vocab-from not a GGUF"        "not a GGUF file"            $R --vocab 4 --vocab-from "$d/l2c.bin"
+expect "--vocab-from a corrupt GGUF"    "wrong magic"                $R --vocab 4 --vocab-from "$d/bad_magic.gguf"
+expect "--vocab-from missing"           "no such file"               $R --vocab 4 --vocab-from "$d/nonexistent.gguf"
 
 # the output path: never one of the inputs (same device and inode, however it is spelled), never a device, directory
 # or FIFO (export writes OUT.tmp and renames it over OUT). The inputs must come out unchanged.

@@ -214,7 +214,7 @@ static int write_llama2c(const char *path, const Model *m) {
 
 static void test_export_and_load(void) {
     char err[EXPORT_ERR_LEN];
-    ExportRandomSpec s = {64, 96, 2, 4, 2, 0, 50, 64, 7, 10000.0f, 1 /* tied */, 0, EXPORT_WTYPE_Q8};
+    ExportRandomSpec s = {64, 96, 2, 4, 2, 0, 50, 64, 7, 10000.0f, 1 /* tied */, 0, EXPORT_WTYPE_Q8, NULL};
     int rc = export_random(&s, TMP "/q8_tied.bin", err, sizeof err);
     s.wtype = EXPORT_WTYPE_F32;
     rc |= export_random(&s, TMP "/q8_tied_f32.bin", err, sizeof err);
@@ -308,7 +308,7 @@ static void test_export_and_load(void) {
     } else {
         CHECK(0, "random f32/q8 exports: %s %s", err, why);
     }
-    ExportRandomSpec bad = {48, 96, 1, 4, 2, 0, 50, 64, 7, 10000.0f, 0, 0, EXPORT_WTYPE_Q8};
+    ExportRandomSpec bad = {48, 96, 1, 4, 2, 0, 50, 64, 7, 10000.0f, 0, 0, EXPORT_WTYPE_Q8, NULL};
     rc = export_random(&bad, TMP "/q8_bad.bin", err, sizeof err);
     CHECK(rc != 0 && strstr(err, "multiple of 32"), "export: q8 with dim 48 refused: %s", err);
     FILE *gone = fopen(TMP "/q8_bad.bin", "rb");
@@ -326,7 +326,7 @@ static void test_export_and_load(void) {
 static void test_model_logits(void) {
     char err[EXPORT_ERR_LEN], why[512];
     const int L = 3;
-    ExportRandomSpec s = {128, 320, L, 8, 2, 0, 300, 64, 11, 10000.0f, 0, 0, EXPORT_WTYPE_F32};
+    ExportRandomSpec s = {128, 320, L, 8, 2, 0, 300, 64, 11, 10000.0f, 0, 0, EXPORT_WTYPE_F32, NULL};
     int rc = export_random(&s, TMP "/q8_m_f32.bin", err, sizeof err);
     s.wtype = EXPORT_WTYPE_Q8;
     rc |= export_random(&s, TMP "/q8_m.bin", err, sizeof err);

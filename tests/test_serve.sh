@@ -16,7 +16,8 @@
 #    under full and under an adapt: chain that switches to q8 and h2o:16,
 #    with -max-seqs 32: every request finishes, no failure; serve checks the pool's invariants after every step
 #    (kv_pool_check, the lanes' page references = the pool's) and that no page is held at the end, and exits with an
-#    error otherwise. Under KVLAB_SANITIZE (ASan + UBSan) 12 requests through a 30% pool;
+#    error otherwise. Under KVLAB_SANITIZE (ASan + UBSan) the same 1,000 requests on a tiny random model with
+#    SmolLM2's tokenizer (export --random --vocab-from);
 #  - adapt: two chains on a short pool (thresholds; shrinking instead of preempting): switches logged per request and
 #    counted per run, each at or above its threshold, -shadow 2's replay of each request's switches reproduces its
 #    served logits, unswitched requests have KL 0, fewer preemptions than full on the same pool;
@@ -173,20 +174,30 @@ check(run[b]["switches_on_short_pool"] > 0 and run[b]["preemptions"] < run["full
       f"{b}: the short pool shrinks sequences ({run[b]['switches_on_short_pool']} switches) instead of preempting: "
       f"{run[b]['preemptions']} preemptions against full's {run['full']['preemptions']} on the same pool")
 PY
-    NSOAK=1000 POOL=10%
+    NSOAK=1000 POOL=10% SOAK_M=$M
 else
-    NSOAK=12 POOL=30%   # a decode step takes about 40 times as long under ASan: 150 requests took 30 minutes
+    # SmolLM2 serves about 0.2 requests a second under ASan here: the sanitizers' soak runs on a tiny random model
+    # that reads text through SmolLM2's tokenizer (export --random --vocab-from; the soak's subject is the pool, not
+    # the weights), 1,000 requests as in the normal build (about 4 minutes)
+    G=.cache/SmolLM2-135M-Instruct.Q4_1.gguf SOAK_M=$tmp/tiny.bin
+    if [ -f "$G" ] && "${KVLAB_EXPORT:-./export}" --random "$SOAK_M" --dim 64 --hidden 128 --layers 2 --heads 4 \
+        --kv-heads 2 --vocab 49152 --seq 2048 --seed 7 --tied --vocab-from "$G" 2>"$tmp/tiny.err"; then
+        NSOAK=1000 POOL=10%
+    else
+        echo "SKIP the sanitizers' 1,000-request soak: no tiny model ($G missing or export failed: $(tail -1 "$tmp/tiny.err" 2>/dev/null)); 12 requests on SmolLM2"
+        NSOAK=12 POOL=30% SOAK_M=$M
+    fi
 fi
 
 # the soak: serve exits non-zero if an invariant breaks or a page is left held
-"$RUN" "$M" -m serve -docs $L/GPL-3 -docs $L/Apache-2.0 -docs $L/BSD -docs $L/MPL-2.0 -requests $NSOAK \
+"$RUN" "$SOAK_M" -m serve -docs $L/GPL-3 -docs $L/Apache-2.0 -docs $L/BSD -docs $L/MPL-2.0 -requests $NSOAK \
     -lengths 1,16 -n 1 -pattern random -arrival 0.3 -pool $POOL -max-seqs 32 -s 3 -kv full -kv adapt:full@0/q8@40/h2o:16@70 \
     -o "$tmp/soak.jsonl" 2>"$tmp/soak.err"
 rc=$?
 for k in 0 1; do
     done_n=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$tmp/soak.jsonl') if '\"run\"' in l][$k]; print(r['finished'], r['failed'], r['preemptions'], r['steps'], sum(r.get('switches_to', {}).values()), r['kv'])" 2>/dev/null)
     if [ $rc -eq 0 ] && [ "$(echo "$done_n" | cut -d' ' -f1-2)" = "$NSOAK 0" ]; then
-        pass "soak: $NSOAK random requests through a $POOL pool finish with the pool's invariants checked every step and no page held at the end (finished, failed, preemptions, steps, switches, spec: $done_n)"
+        pass "soak ($(basename "$SOAK_M")): $NSOAK random requests through a $POOL pool finish with the pool's invariants checked every step and no page held at the end (finished, failed, preemptions, steps, switches, spec: $done_n)"
     else fail "soak: exit $rc, $done_n: $(tail -2 "$tmp/soak.err")"; fi
 done
 

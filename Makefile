@@ -145,7 +145,8 @@ stream: all
 	tools/stream.sh
 
 # the task grid and its leaderboard (score against resident KV bytes over full's): RULER's tasks at 1K and 4K tokens,
-# every family at 25% and 10% of full's bytes, the shared-context protocol (tools/tasks.sh: TASKS_LIST, ...)
+# every family at 25% and 10% of full's bytes, the shared-context protocol (tools/tasks.sh: TASKS_LIST, ...;
+# TASKS_STEPS="grid ceiling ratios" adds full's ceiling at 1K, 4K, 8K and every family at four ratios at 1K)
 tasks: all
 	tools/tasks.sh
 

@@ -8,10 +8,18 @@
 #   policies at each length L, budgets B = L/4 and L/10 (25% and 10% of full's f32 bytes for the evicting ones):
 #             full; sink:B; h2o:B; snapkv:B (query=aware: the question in its observation window) and
 #             snapkv:B,query=agnostic (compressed before the question; under B = 64: obs=B/2, quest's page=B/4);
-#             quest:B (selection: it keeps
-#             every token, so its resident bytes stay full's and its saving is in bytes read); full,type=q4 and
-#             h2o:B,type=q4 (storage)
+#             quest:B,prompt=dense (selection, with the Quest paper's dense prefill: the prompt's queries read every
+#             token, the answer's select; it keeps every token, so its resident bytes stay full's and its saving is in
+#             bytes read); full,type=q4 and h2o:B,type=q4 (storage)
 #   shared:   niah_multikey -questions 4 at 1024 tokens, -shared turns and -shared requests, the same policies
+# Two more steps, named in TASKS_STEPS (default "grid"; e.g. TASKS_STEPS="grid ceiling ratios"):
+#   ceiling:  full alone at 1024, 4096 and 8192 tokens (TASKS_CEILING_LENGTHS), every task, 4 items: the score every
+#             policy is read against
+#   ratios:   every family at four compression ratios at 1024 tokens (TASKS_RATIO_LENGTH), budgets B = L/2, L/4, L/10,
+#             L/20: sink, h2o and snapkv (eviction), quest (selection: bytes read, not resident), pool:B (merging,
+#             where B >= 16),
+#             h2o:B,alloc=pyramid (allocation, where B >= 40), and precision at its own ratios (full with type=q8, q4, q2 and
+#             ktype=q4,vtype=q2); TASKS_RATIO_LIST chooses the tasks (default: the grid's)
 # One ./run -m task per (task, length) or shared run, its records in OUT/NAME.jsonl; one that ended is marked
 # OUT/NAME.done and reused on the next run (TASKS_FORCE=1 measures again); an interrupted one keeps the records it
 # wrote and is measured again next time. A progress line with an ETA after each run. Then OUT/leaderboard.md (the
@@ -29,39 +37,64 @@ ITEMS=${TASKS_ITEMS:-2}
 say() { echo "tasks: $*" >&2; }
 [ -f "$M" ] || { say "$M missing (make model)"; exit 1; }
 mkdir -p "$OUT"
-policies() {   # L -> the -kv arguments
-    local L=$1 b
+policies() {   # L SET -> the -kv arguments
+    local L=$1 set=$2 b
+    if [ "$set" = ceiling ]; then printf -- '-kv\nfull\n'; return; fi
+    if [ "$set" = ratios ]; then
+        printf -- '-kv\n%s\n' full full,type=q8 full,type=q4 full,type=q2 full,ktype=q4,vtype=q2
+        for b in $((L / 2)) $((L / 4)) $((L / 10)) $((L / 20)); do
+            local snap=snapkv:$b quest=quest:$b,prompt=dense
+            [ $b -lt 64 ] && snap+=",obs=$((b / 2))" && quest+=",page=$((b / 4))"
+            printf -- '-kv\n%s\n' sink:$b h2o:$b "$snap" "$quest"
+            # pool keeps 4 sinks, recent=B/2 and a group of 4 waiting: B >= 16
+            [ $b -ge 16 ] && printf -- '-kv\npool:%d\n' $b
+            # PyramidKV gives the top layer B/20 slots, and h2o needs 2 at least
+            [ $((b / 20)) -ge 2 ] && printf -- '-kv\nh2o:%d,alloc=pyramid\n' $b
+        done
+        return
+    fi
     printf -- '-kv\nfull\n-kv\nfull,type=q4\n'
     for b in $((L / 4)) $((L / 10)); do
         local snap=snapkv:$b   # its observation window (default 32) must leave slots to choose: at most B/2
-        local quest=quest:$b   # and quest's pages (default 16 tokens) at least two in the budget
+        local quest=quest:$b,prompt=dense   # and quest's pages (default 16 tokens) at least two in the budget
         [ $b -lt 64 ] && snap+=",obs=$((b / 2))" && quest+=",page=$((b / 4))"
         printf -- '-kv\nsink:%d\n-kv\nh2o:%d\n-kv\n%s\n-kv\n%s,query=agnostic\n-kv\n%s\n-kv\nh2o:%d,type=q4\n' \
             $b $b "$snap" "$snap" "$quest" $b
     done
 }
-runs=()   # NAME|LENGTH|ARGS
-for L in $LENGTHS; do
-    for t in $LIST; do
-        if [ "$t" = cwe ]; then runs+=("$t.$L|$L|-task $t -items $((ITEMS * 2))")
-        else runs+=("$t.$L|$L|-task $t -depths 0.25,0.75 -items $ITEMS"); fi
-    done
+runs=()   # NAME|LENGTH|SET|ARGS
+item_args() {   # TASK -> its items' arguments: 4 items, at two depths where the task has depths
+    if [ "$1" = cwe ]; then echo "-task $1 -items $((ITEMS * 2))"; else echo "-task $1 -depths 0.25,0.75 -items $ITEMS"; fi
+}
+for step in ${TASKS_STEPS:-grid}; do
+    case $step in
+    grid)
+        for L in $LENGTHS; do for t in $LIST; do runs+=("$t.$L|$L|grid|$(item_args $t)"); done; done
+        if [ "${TASKS_SHARED:-1}" != 0 ]; then
+            L=${LENGTHS%% *}
+            for sh in turns requests; do
+                runs+=("shared_$sh.$L|$L|grid|-task niah_multikey -questions 4 -shared $sh -depths 0.25,0.75 -items $ITEMS")
+            done
+        fi;;
+    ceiling)
+        for L in ${TASKS_CEILING_LENGTHS:-1024 4096 8192}; do
+            for t in $LIST; do runs+=("ceiling_$t.$L|$L|ceiling|$(item_args $t)"); done
+        done;;
+    ratios)
+        L=${TASKS_RATIO_LENGTH:-1024}
+        for t in ${TASKS_RATIO_LIST:-$LIST}; do runs+=("ratios_$t.$L|$L|ratios|$(item_args $t)"); done;;
+    *) say "unknown step '$step' in TASKS_STEPS: grid, ceiling, ratios"; exit 1;;
+    esac
 done
-if [ "${TASKS_SHARED:-1}" != 0 ]; then
-    L=${LENGTHS%% *}
-    for sh in turns requests; do
-        runs+=("shared_$sh.$L|$L|-task niah_multikey -questions 4 -shared $sh -depths 0.25,0.75 -items $ITEMS")
-    done
-fi
 stop=0
 trap 'stop=1' INT TERM
 t0=$(date +%s); n=${#runs[@]}; measured=0
 for i in "${!runs[@]}"; do
-    IFS='|' read -r name L args <<<"${runs[$i]}"
+    IFS='|' read -r name L set args <<<"${runs[$i]}"
     f=$OUT/$name.jsonl
     if [ "${TASKS_FORCE:-0}" != 1 ] && [ -f "$OUT/$name.done" ]; then say "$((i + 1))/$n $name: reused"; continue; fi
     rm -f "$f" "$OUT/$name.done"
-    mapfile -t kv < <(policies "$L")
+    mapfile -t kv < <(policies "$L" "$set")
     # shellcheck disable=SC2086
     "$RUN" "$M" -m task $args -c "$L" -lengths "$L" -s 1 "${kv[@]}" -o "$f" 2>"$OUT/$name.err"
     rc=$?

@@ -1371,7 +1371,13 @@ int export_random(const ExportRandomSpec *r, const char *out, char *err, size_t 
             gguf_free(&g);
         }
         unmap_file(&m);
-        if (bad) { free(tok.p); return -1; }
+        if (bad) {   /* say which file: --vocab-from is one input among the flags */
+            char why[EXPORT_ERR_LEN];
+            snprintf(why, sizeof why, "%s", err);
+            if (!strstr(why, r->vocab_from)) errorf(err, errlen, "--vocab-from %s: %s", r->vocab_from, why);
+            free(tok.p);
+            return -1;
+        }
     }
     int untied = untie_for_q8(&c);
     TensorSpec *specs;

@@ -794,7 +794,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
            *queue = malloc((size_t)N * sizeof(double));
     int n_ttft = 0, n_tpot = 0, n_failed = 0, n_finished = 0;
     double kl_sum = 0, top1_sum = 0;
-    long q_n = 0;
+    long q_n = 0, differ_sum = 0;   /* -shadow 2: sampled positions whose replay differs, all requests */
     if (o->shadow && !run_signal) shadow_pass(m, o, &sv, q, N, &lg, spec_text);
     if (lg.f) fclose(lg.f);
     Line ln = {0};
@@ -816,7 +816,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
         ttft[n_ttft++] = tt;
         queue[n_ttft - 1] = r->t_admit - r->t_arrive;
         if (r->out.n > 1) tpot[n_tpot++] = tp;
-        kl_sum += r->kl; top1_sum += r->top1; q_n += r->nq;
+        kl_sum += r->kl; top1_sum += r->top1; q_n += r->nq; differ_sum += r->differ;
         if (out->fd < 0) continue;
         ln.n = 0;
         line_printf(&ln, "{\"mode\":\"serve\",\"kind\":\"request\",\"kv\":\"");
@@ -859,6 +859,9 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
             100.0 * occ_at[3] / (steps_run ? steps_run : 1), mbt, wall);
     if (q_n) fprintf(stderr, " %8.5f %6.4f\n", kl_sum / q_n, top1_sum / q_n);
     else fprintf(stderr, " %8s %6s\n", "-", "-");
+    if (q_n && o->shadow == 2)
+        fprintf(stderr, "  shadow 2: %ld of %ld sampled positions replayed alone differ from the served logits\n",
+                differ_sum, q_n);
     if (sv.ad) {   /* the switches, under the row */
         long all = 0;
         for (int k = 1; k < ad.n; k++) all += sv.n_switch[k];
@@ -883,6 +886,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
                     occ_at[1], occ_at[2], occ_at[3], mbt, occ.s);
         if (q_n) line_printf(&ln, "\"shadow_positions\":%ld,\"kl\":%.8f,\"top1\":%.6f,", q_n, kl_sum / q_n,
                              top1_sum / q_n);
+        if (q_n && o->shadow == 2) line_printf(&ln, "\"shadow_differs\":%ld,", differ_sum);
         if (sv.ad) {
             line_printf(&ln, "\"switches_on_short_pool\":%ld,\"switches_to\":{", sv.n_shortage);
             for (int k = 1; k < ad.n; k++) {

@@ -118,6 +118,10 @@ both = req(f"{tmp}/sh.out")
 check(len(both) == 9 and all(r["kl"] == 0 and r["top1"] == 1 for r in both if r["kv"] == "full")
       and all(r["kl"] > 0 for r in both if r["kv"] != "full"),
       "-shadow: full against its own shadow has KL 0 and top-1 1 on every request; h2o:48 and sink:32,type=q8 KL > 0")
+runs = [r for r in map(json.loads, open(f"{tmp}/sh.out")) if r["kind"] == "run"]
+check(len(runs) == 3 and all(r["shadow_differs"] == 0 and r["shadow_positions"] ==
+                             sum(x["shadow_positions"] for x in both if x["kv"] == r["kv"]) for r in runs),
+      "-shadow 2: each run record sums its requests' replayed positions, none differing")
 check(all(r["shadow_differs"] == 0 and r["shadow_positions"] == r["out_tokens"] + (r["out_tokens"] < 12) for r in both),
       "-shadow 2: each request replayed alone through its policy gives the served logits bit for bit at every "
       "sampled position (one per answer token, and the end-of-turn one when it stopped early)")

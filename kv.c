@@ -1548,11 +1548,18 @@ const float *kv_rope_at(KVCache *c, int t) {
 void kv_set_prompt_len(KVCache *c, int n_tokens) { c->policy.prompt_len = n_tokens > 0 ? n_tokens : 0; }
 void kv_set_context_len(KVCache *c, int n_tokens) { c->policy.context_len = n_tokens > 0 ? n_tokens : 0; }
 
+/* 1 when each slot of c is one key and one value as stored and nothing else follows it: one storage band, no
+ * per-channel keys, low rank, merging, memory tiers or device mirror (what kv_cache_transfer can move, and
+ * kv_full_prefix asks first). */
+static int lanes_plain(const KVCache *c) {
+    return c->n_bands == 1 && !c->kgroup && !c->krank && !c->vrank && !c->merges && !c->merge_evict && !c->device
+           && !c->on_slot && !c->tiers;
+}
+
 int kv_full_prefix(const KVCache *c) {
     const KVPolicyOps *ops = c->policy.ops;
-    if (!ops->full_prefix || c->n_bands > 1 || c->band_ktype[0] != KV_F32 || c->band_vtype[0] != KV_F32
-        || c->spec.pos != POS_ORIG || c->kgroup || c->krank || c->vrank || c->merges || c->merge_evict || c->tiers
-        || c->ada || c->pool || c->device || c->on_slot)
+    if (!ops->full_prefix || !lanes_plain(c) || c->band_ktype[0] != KV_F32 || c->band_vtype[0] != KV_F32
+        || c->spec.pos != POS_ORIG || c->ada || c->pool)
         return 0;
     int n = ops->full_prefix(&c->policy);
     if (ops->select) {   /* it selects from the first query, or from the prompt's end under prompt=dense */
@@ -2100,8 +2107,7 @@ int kv_cache_transfer(KVCache *dst, KVCache *src, int pos_next, char *err, size_
                       src->spec.text, dst->spec.text);
     KVCache *both[2] = {src, dst};
     for (int x = 0; x < 2; x++)
-        if (both[x]->n_bands > 1 || both[x]->kgroup || both[x]->krank || both[x]->vrank || both[x]->merges
-            || both[x]->merge_evict || both[x]->device || both[x]->on_slot || both[x]->tiers)
+        if (!lanes_plain(both[x]))
             return errorf(err, errlen, "kv: '%s' has several bands, per-channel keys, low rank, merging, memory tiers "
                           "or a device mirror: its tokens do not move between caches", both[x]->spec.text);
     if (!same_policy && src->meta_bytes)

@@ -707,8 +707,8 @@ int run_task(Model *m, const Options *o) {
     long total_tokens = 0, done_tokens = 0;
     for (int li = 0; li < n_lens; li++) total_tokens += (long)lens[li] * n_depths * items * n_pol;
     /* Item by item, every policy in turn, all asked the same items. The policies that only store over a prompt's
-     * first n tokens (kv_full_prefix: full, window and sink until a lane is full, snapkv until its observation window)
-     * start from one `full,type=f32` prefill of the item's prompt, moved into their cache at their n: the forward
+     * first n tokens (kv_full_prefix: full; window, sink and random until a lane is full; snapkv until its
+     * observation window; quest and topk under prompt=dense until the prompt's end) start from one `full,type=f32` prefill of the item's prompt, moved into their cache at their n: the forward
      * pass gives the same bits whatever the chunking, so their answers and bytes are those of their own prefill
      * (tests/test_task.sh compares with -prefix 0). Shared-context questions (-questions) prefill alone. */
     int share = o->prefix && !o->questions;

@@ -63,7 +63,7 @@ static const FlagDef FLAGS[] = {
     {"-o", "FILE", M_PPL | M_PASSKEY | M_BENCH | M_TASK | M_SERVE, "results, JSON lines, appended"},
     {"-link", "GB/s", M_CACHE, "the slow memory tier's link, for the modelled stall time of a fast= tier; default 64 "
                                "(PCIe 5 x16)"},
-    {"-chunk", "N", M_PPL | M_PASSKEY | M_TASK | M_SERVE, "tokens per batched step, default 1 (ppl), 32 (passkey, "
+    {"-chunk", "N", M_PPL | M_PASSKEY | M_TASK | M_SERVE, "tokens per batched step, default 1 (ppl), 64 (passkey, "
      "task); same results; serve: prompt tokens a step, all sequences together, default 256"},
     {"-ppl-mode", "M", M_PPL, "stream (default) or chunked (llama-perplexity's)"},
     {"-tokenlog", "FILE", M_PPL, "per-token NLL and KL per policy, JSON lines (stream mode)"},

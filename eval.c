@@ -1416,7 +1416,11 @@ long passkey_first_integer(const char *text) {
 int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chunk) {
     for (size_t i = 0; i < n; i += (size_t)chunk) {
         size_t k = n - i < (size_t)chunk ? n - i : (size_t)chunk;
-        if (forward_prefill(m, &r->s, &r->cache, ids + i, k, *pos, chunk)) return PK_CACHE_FULL;
+        int rows = r->s.logits_rows;
+        r->s.logits_rows = i + k < n ? LOGITS_NONE : rows;   /* the last token's logits only */
+        int rc = forward_prefill(m, &r->s, &r->cache, ids + i, k, *pos, chunk);
+        r->s.logits_rows = rows;
+        if (rc) return PK_CACHE_FULL;
         *pos += (int)k;
         if (run_signal) return PK_STOPPED;
     }
@@ -1455,7 +1459,7 @@ static void json_answer(Line *l, const char *name, long got) {
 int run_passkey(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("passkey needs a model with a tokenizer");
     int ctx = run_context(m, o);
-    int chunk = o->chunk ? o->chunk : 32, n_keys_per_cell = 2;
+    int chunk = o->chunk ? o->chunk : PREFILL_CHUNK, n_keys_per_cell = 2;
     if (o->steps_set && o->steps == 0) fatal("-m passkey -n 0 leaves no token to answer with: give the answer's length "
                                              "(default 8)");
     int max_new = o->steps_set ? o->steps : 8;

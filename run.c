@@ -176,11 +176,14 @@ int forward_layer(Model *m, RunState *s, KVCache *cache, int l) {
 void forward_end(Model *m, RunState *s) {
     const Config *c = &m->config;
     int dim = c->dim;
-    for (int t = 0; t < s->n; t++)
+    if (s->logits_rows == LOGITS_NONE) return;
+    int t0 = s->logits_rows == LOGITS_LAST ? s->n - 1 : 0;   /* the first row wanted */
+    for (int t = t0; t < s->n; t++)
         rmsnorm(s->x + (size_t)t * dim, s->x + (size_t)t * dim, m->w.final_norm, dim, c->norm_eps);
-    double t0 = now_s();
-    matmul_n(s->logits, s->x, m->w.classifier, c->vocab_size, dim, s->n);
-    timer_add(&s->t_matmul, t0);
+    double clock = now_s();
+    matmul_n(s->logits + (size_t)t0 * c->vocab_size, s->x + (size_t)t0 * dim, m->w.classifier, c->vocab_size, dim,
+             s->n - t0);
+    timer_add(&s->t_matmul, clock);
 }
 
 int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int n, int pos0) {
@@ -226,9 +229,14 @@ int forward(Model *m, RunState *s, KVCache *cache, int token, int pos) {
 
 int forward_prefill(Model *m, RunState *s, KVCache *cache, const int *ids, size_t n, int pos, int chunk) {
     if (chunk > s->n_max) chunk = s->n_max;
+    int rows = s->logits_rows;
     for (size_t i = 0; i < n; i += (size_t)chunk) {
         int nt = n - i < (size_t)chunk ? (int)(n - i) : chunk;
-        if (forward_chunk(m, s, cache, ids + i, nt, pos + (int)i)) return -1;
+        /* only the prompt's last token's logits (none when the caller asked for none: a prompt fed in pieces) */
+        s->logits_rows = i + (size_t)nt < n || rows == LOGITS_NONE ? LOGITS_NONE : LOGITS_LAST;
+        int rc = forward_chunk(m, s, cache, ids + i, nt, pos + (int)i);
+        s->logits_rows = rows;
+        if (rc) return -1;
     }
     /* forward_chunk left the last chunk's logits in rows: the next token is predicted by its last row */
     int last = n ? (int)((n - 1) % (size_t)chunk) : 0;

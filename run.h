@@ -34,11 +34,17 @@ typedef struct {
     float *logits;  /* (n_max, vocab_size) */
     float *mem;
     int n_max, n, pos0;
+    /* which rows forward_end computes logits for: LOGITS_ALL (0, what a fresh state does), LOGITS_LAST (row n-1
+       only; the other rows are left as they were) or LOGITS_NONE. A prompt's tokens other than its last need none:
+       the classifier is a fifth of SmolLM2's multiply-adds per token. The rows computed are the same bits either
+       way (matmul_n's rows are independent). */
+    int logits_rows;
     double t_matmul, t_attn;   /* seconds spent, accumulated over calls (t_attn: steps 1-4 and after_attn) */
     /* Called after layer l attended at position pos (the evaluation reads attention probabilities here); NULL = none */
     void (*after_attn)(void *ctx, int l, const KVCache *cache, int pos);
     void *hook_ctx;
 } RunState;
+enum { LOGITS_ALL, LOGITS_LAST, LOGITS_NONE };
 
 typedef struct {
     int vocab_size;
@@ -61,7 +67,8 @@ int forward(Model *m, RunState *s, KVCache *cache, int token, int pos);
  * layer-local policies. Logits of token t in s->logits + t * vocab_size. */
 int forward_chunk(Model *m, RunState *s, KVCache *cache, const int *tokens, int n, int pos0);
 /* A prompt: ids[0..n) at positions pos.., min(chunk, s->n_max) tokens at a time through forward_chunk; the last
- * token's logits are left in s->logits (row 0). 0, or -1 as forward. Generate, chat and -m bench prefill with
+ * token's logits are left in s->logits (row 0), the only ones computed (none when s->logits_rows is LOGITS_NONE:
+ * a prompt fed in pieces; s->logits_rows is restored). 0, or -1 as forward. Generate, chat and -m bench prefill with
  * PREFILL_CHUNK. */
 #define PREFILL_CHUNK 64
 int forward_prefill(Model *m, RunState *s, KVCache *cache, const int *ids, size_t n, int pos, int chunk);

@@ -663,7 +663,7 @@ int run_task(Model *m, const Options *o) {
     if (kind_i < 0) fatal("-m task needs -task NAME; tasks: %s", task_names());
     if (o->n_docs) fatal("-docs is for the natural tasks (summary, docqa, dialogue): -task %s generates its own text", o->task);
     TaskKind kind = (TaskKind)kind_i;
-    int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : 32, items = o->items ? o->items : 2;
+    int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : PREFILL_CHUNK, items = o->items ? o->items : 2;
     if (o->steps_set && o->steps == 0) fatal("-m task -n 0 leaves no token to answer with: give the answer's length "
                                              "(default %d for %s)", task_answer_tokens(kind), task_name(kind));
     int max_new = o->steps_set ? o->steps : task_answer_tokens(kind);

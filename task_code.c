@@ -235,7 +235,7 @@ int run_task_code(Model *m, const Options *o) {
     if (!m->has_tokenizer) fatal("-m task needs a model with a tokenizer");
     if (o->n_docs) fatal("-docs is for the natural tasks (summary, docqa, dialogue): -task code reads the pinned headers");
     if (o->n_depths) fatal("-task code has no depth (an item is a header's first part): drop -depths");
-    int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : 32, items = o->items ? o->items : 2;
+    int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : PREFILL_CHUNK, items = o->items ? o->items : 2;
     if (o->steps_set && o->steps == 0) fatal("-m task -n 0 leaves no token to answer with: give the answer's length "
                                              "(default %d for code)", TASK_CODE_ANSWER_TOKENS);
     int max_new = o->steps_set ? o->steps : TASK_CODE_ANSWER_TOKENS;

@@ -507,7 +507,7 @@ int run_task_text(Model *m, const Options *o) {
                                                                           "template (its 8 turns are a chat)");
         line_free(&t);
     }
-    int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : 32, items = o->items ? o->items : 2;
+    int ctx = run_context(m, o), chunk = o->chunk ? o->chunk : PREFILL_CHUNK, items = o->items ? o->items : 2;
     if (o->steps_set && o->steps == 0) fatal("-m task -n 0 leaves no token to answer with: give the answer's length "
                                              "(default %d for %s)", text_answer_tokens(kind), text_task_name(kind));
     int max_new = o->steps_set ? o->steps : text_answer_tokens(kind);

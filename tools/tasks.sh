@@ -10,7 +10,8 @@
 #             snapkv:B,query=agnostic (compressed before the question; under B = 64: obs=B/2, quest's page=B/4);
 #             quest:B,prompt=dense (selection, with the Quest paper's dense prefill: the prompt's queries read every
 #             token, the answer's select; it keeps every token, so its resident bytes stay full's and its saving is in
-#             bytes read); full,type=q4 and h2o:B,type=q4 (storage)
+#             bytes read); q4 storage at its two ratios: full,type=q4 (0.176 of full's bytes, the 25% entry: q4 keeps
+#             no more) and h2o:(57% of L),type=q4 (0.100: the 10% entry). 13 policies.
 #   shared:   niah_multikey -questions 4 at 1024 tokens, -shared turns and -shared requests, the same policies
 # Two more steps, named in TASKS_STEPS (default "grid"; e.g. TASKS_STEPS="grid ceiling ratios"):
 #   ceiling:  full alone at 1024, 4096 and 8192 tokens (TASKS_CEILING_LENGTHS), every task, 4 items: the score every
@@ -53,13 +54,15 @@ policies() {   # L SET -> the -kv arguments
         done
         return
     fi
-    printf -- '-kv\nfull\n-kv\nfull,type=q4\n'
+    # q4 storage at its two ratios: full,type=q4 (0.176 of full's bytes, the most q4 can keep: the 25% entry) and
+    # h2o with 57% of the tokens in q4 (0.57 x 0.176 = 0.100: the 10% entry)
+    printf -- '-kv\nfull\n-kv\nfull,type=q4\n-kv\nh2o:%d,type=q4\n' $((L * 57 / 100))
     for b in $((L / 4)) $((L / 10)); do
         local snap=snapkv:$b   # its observation window (default 32) must leave slots to choose: at most B/2
         local quest=quest:$b,prompt=dense   # and quest's pages (default 16 tokens) at least two in the budget
         [ $b -lt 64 ] && snap+=",obs=$((b / 2))" && quest+=",page=$((b / 4))"
-        printf -- '-kv\nsink:%d\n-kv\nh2o:%d\n-kv\n%s\n-kv\n%s,query=agnostic\n-kv\n%s\n-kv\nh2o:%d,type=q4\n' \
-            $b $b "$snap" "$snap" "$quest" $b
+        printf -- '-kv\nsink:%d\n-kv\nh2o:%d\n-kv\n%s\n-kv\n%s,query=agnostic\n-kv\n%s\n' \
+            $b $b "$snap" "$snap" "$quest"
     done
 }
 runs=()   # NAME|LENGTH|SET|ARGS

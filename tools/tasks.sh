@@ -26,7 +26,8 @@
 # wrote and is measured again next time. A progress line with an ETA after each run. Then OUT/leaderboard.md (the
 # markdown table), OUT/leaderboard.jsonl and, with gnuplot, OUT/leaderboard.png.
 # Usage: tools/tasks.sh [OUT_DIR]   (default build/tasks; env: TASKS_LIST, TASKS_LENGTHS, TASKS_ITEMS (per depth,
-# default 2), TASKS_SHARED=0 (skip the shared-context runs), TASKS_FORCE, RUN, MODEL)
+# default 2), TASKS_SHARED=0 (skip the shared-context runs), TASKS_FORCE, TASKS_JOBS (runs at a time, default the
+# number of cores), RUN, MODEL)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-build/tasks}
@@ -89,36 +90,62 @@ for step in ${TASKS_STEPS:-grid}; do
     *) say "unknown step '$step' in TASKS_STEPS: grid, ceiling, ratios"; exit 1;;
     esac
 done
-stop=0
-trap 'stop=1' INT TERM
-t0=$(date +%s); n=${#runs[@]}; measured=0
-for i in "${!runs[@]}"; do
-    IFS='|' read -r name L set args <<<"${runs[$i]}"
-    f=$OUT/$name.jsonl
-    if [ "${TASKS_FORCE:-0}" != 1 ] && [ -f "$OUT/$name.done" ]; then say "$((i + 1))/$n $name: reused"; continue; fi
-    rm -f "$f" "$OUT/$name.done"
-    mapfile -t kv < <(policies "$L" "$set")
-    # shellcheck disable=SC2086
-    "$RUN" "$M" -m task $args -c "$L" -lengths "$L" -s 1 "${kv[@]}" -o "$f" 2>"$OUT/$name.err"
-    rc=$?
+# TASKS_JOBS runs at a time (default: one per core), each on OMP_NUM_THREADS threads (default 1 with several jobs):
+# the results do not depend on the thread count, and on 2 cores two 1-thread runs finish in 115 s where one 2-thread
+# run after the other takes 144 s (the thread team's waits and the policy steps that run on one thread). The longest
+# runs start first.
+JOBS=${TASKS_JOBS:-$(nproc)}
+if [ "$JOBS" -gt 1 ]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
+order=()   # run indices, longest length first (stable)
+while read -r i; do order+=("$i"); done < <(for i in "${!runs[@]}"; do
+    IFS='|' read -r _ L _ _ <<<"${runs[$i]}"; echo "$L $i"; done | sort -s -k1,1nr | cut -d' ' -f2)
+stop=0; signalled=0; failed=""
+declare -A job_of=()   # pid -> run index
+trap 'stop=1; signalled=1; for p in "${!job_of[@]}"; do kill -TERM "$p" 2>/dev/null; done' INT TERM
+t0=$(date +%s); n=${#runs[@]}; measured=0; finished=0
+todo=()
+for i in "${order[@]}"; do
+    name=${runs[$i]%%|*}
+    if [ "${TASKS_FORCE:-0}" != 1 ] && [ -f "$OUT/$name.done" ]; then say "$name: reused"; finished=$((finished + 1)); continue; fi
+    todo+=("$i")
+done
+left=${#todo[@]}
+reap() {   # wait for one job to end; mark it done, or stop on a failure
+    local pid rc i name
+    wait -n -p pid; rc=$?
+    [ -n "${pid:-}" ] || return 0
+    i=${job_of[$pid]}; unset "job_of[$pid]"
+    name=${runs[$i]%%|*}
     if [ $rc -ne 0 ] || [ $stop = 1 ]; then
-        say "$name stopped (status $rc: $(tail -1 "$OUT/$name.err")); its records so far are in $f"
-        break
+        say "$name stopped (status $rc: $(tail -1 "$OUT/$name.err")); its records so far are in $OUT/$name.jsonl"
+        failed+=" $name"; stop=1   # the runs under way finish; no new one starts
+        return 0
     fi
     touch "$OUT/$name.done"
-    measured=$((measured + 1))
-    el=$(( $(date +%s) - t0 )); left=0
-    for j in $(seq $((i + 1)) $((n - 1))); do [ -f "$OUT/${runs[$j]%%|*}.done" ] || left=$((left + 1)); done
-    eta=$((el * left / measured))
-    printf 'tasks: %d/%d %s, %dm%02ds, ETA %dm%02ds\n' $((i + 1)) "$n" "$name" $((el / 60)) $((el % 60)) \
+    measured=$((measured + 1)); finished=$((finished + 1)); left=$((left - 1))
+    local el=$(( $(date +%s) - t0 )); local eta=$((el * left / measured))
+    printf 'tasks: %d/%d %s, %dm%02ds, ETA %dm%02ds\n' "$finished" "$n" "$name" $((el / 60)) $((el % 60)) \
         $((eta / 60)) $((eta % 60)) >&2
+}
+for i in "${todo[@]}"; do
+    while [ ${#job_of[@]} -ge "$JOBS" ] && [ $stop = 0 ]; do reap; done
+    [ $stop = 1 ] && break
+    IFS='|' read -r name L set args <<<"${runs[$i]}"
+    rm -f "$OUT/$name.jsonl" "$OUT/$name.done"
+    mapfile -t kv < <(policies "$L" "$set")
+    # shellcheck disable=SC2086
+    "$RUN" "$M" -m task $args -c "$L" -lengths "$L" -s 1 "${kv[@]}" -o "$OUT/$name.jsonl" 2>"$OUT/$name.err" &
+    job_of[$!]=$i
 done
+while [ ${#job_of[@]} -gt 0 ]; do reap; done
 el=$(( $(date +%s) - t0 ))
 say "$measured run(s) measured in $((el / 60))m$((el % 60))s"
+[ -n "$failed" ] && say "did not finish:$failed"
 files=(); for r in "${runs[@]}"; do [ -s "$OUT/${r%%|*}.jsonl" ] && files+=("$OUT/${r%%|*}.jsonl"); done
 [ ${#files[@]} -gt 0 ] || { say "no records"; exit 1; }
 python3 tools/leaderboard.py "${files[@]}" --jsonl "$OUT/leaderboard.jsonl" --plot "$OUT/leaderboard.png" \
     >"$OUT/leaderboard.md" || exit 1
 say "leaderboard: $OUT/leaderboard.md, $OUT/leaderboard.jsonl"
-[ $stop = 1 ] && exit 130
+[ $signalled = 1 ] && exit 130
+[ -n "$failed" ] && exit 1
 exit 0

@@ -219,7 +219,25 @@ int forward_batch(Model *m, RunState *s, const BatchSeq *seqs, int n_seqs, const
     forward_begin(m, s, tokens, n, 0);
     for (int l = 0; l < m->config.n_layers; l++)
         if (forward_layer_seqs(m, s, seqs, n_seqs, l)) return -1;
+    if (s->logits_rows != LOGITS_LAST) {
+        forward_end(m, s);
+        return 0;
+    }
+    /* each sequence's last row only: the rows moved to the front (row k from rows[k] ≥ k, in ascending k, so no row
+       is overwritten before it moves), their logits computed, then put back at their rows in descending k */
+    int dim = m->config.dim, k = 0, rows[n_seqs];
+    size_t V = (size_t)m->config.vocab_size;
+    for (int j = 0, row = 0; j < n_seqs; row += seqs[j].n, j++)
+        if (seqs[j].n) rows[k++] = row + seqs[j].n - 1;
+    for (int i = 0; i < k; i++)
+        if (rows[i] != i) memcpy(s->x + (size_t)i * dim, s->x + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
+    s->n = k;
+    s->logits_rows = LOGITS_ALL;
     forward_end(m, s);
+    s->n = n;
+    s->logits_rows = LOGITS_LAST;
+    for (int i = k - 1; i >= 0; i--)
+        if (rows[i] != i) memcpy(s->logits + (size_t)rows[i] * V, s->logits + (size_t)i * V, V * sizeof(float));
     return 0;
 }
 

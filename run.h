@@ -78,7 +78,8 @@ int forward_prefill(Model *m, RunState *s, KVCache *cache, const int *ids, size_
  * reads the weights once for all the sequences (the point of batching: decode is bound by reading them); attention
  * and the policy run per sequence, with its hook after each of its tokens' step 4. Each row's arithmetic is its own,
  * so the logits are bit-identical to running each sequence alone (forward_chunk, or forward token by token), for any
- * mix of prefill chunks and decode steps (continuous batching) and any thread count. Returns 0, or -1 when a lane is
+ * mix of prefill chunks and decode steps (continuous batching) and any thread count. With s->logits_rows LOGITS_LAST
+ * only each sequence's last row gets logits (a server samples from nothing else). Returns 0, or -1 when a lane is
  * full and its policy cannot evict (the other sequences' caches may have taken this step's tokens up to that layer),
  * or when the batch is empty, too large for s, or holds a chunk of a cross-layer policy. */
 typedef struct {

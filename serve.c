@@ -549,6 +549,7 @@ static int serve_one(const Model *m, const Options *o, const Trace *t, const Seq
         *tried = malloc((size_t)N * sizeof(int));   /* adapt: running[k] could not shrink this step */
     RunState s;
     if (!q || !running || !waiting || !tried || state_init_chunk(&s, &m->config, sv.max_seqs + sv.chunk)) fatal("out of memory");
+    s.logits_rows = LOGITS_LAST;   /* a step samples each sequence's last row, nothing else */
     BatchSeq *batch = malloc((size_t)sv.max_seqs * sizeof(BatchSeq));
     int *tokens = malloc((size_t)(sv.max_seqs + sv.chunk) * sizeof(int)), *bi = malloc((size_t)sv.max_seqs * sizeof(int));
     if (!batch || !tokens || !bi) fatal("out of memory");

@@ -95,6 +95,7 @@ done
 # run after the other takes 144 s (the thread team's waits and the policy steps that run on one thread). The longest
 # runs start first.
 JOBS=${TASKS_JOBS:-$(nproc)}
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { say "TASKS_JOBS='$JOBS': runs at a time, a whole number from 1"; exit 1; }
 if [ "$JOBS" -gt 1 ]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
 order=()   # run indices, longest length first (stable)
 while read -r i; do order+=("$i"); done < <(for i in "${!runs[@]}"; do
@@ -103,13 +104,15 @@ stop=0; signalled=0; failed=""
 declare -A job_of=()   # pid -> run index
 trap 'stop=1; signalled=1; for p in "${!job_of[@]}"; do kill -TERM "$p" 2>/dev/null; done' INT TERM
 t0=$(date +%s); n=${#runs[@]}; measured=0; finished=0
-todo=()
+# the ETA weighs each run by its length L as L + L^2/16384 (the prefill's matmuls and its attention: a 4,096-token
+# run measured about 5 times a 1,024-token one), so the long runs that go first do not inflate it
+cost() { IFS='|' read -r _ L _ _ <<<"${runs[$1]}"; echo $((L + L * L / 16384)); }
+todo=(); w_left=0; w_done=0
 for i in "${order[@]}"; do
     name=${runs[$i]%%|*}
     if [ "${TASKS_FORCE:-0}" != 1 ] && [ -f "$OUT/$name.done" ]; then say "$name: reused"; finished=$((finished + 1)); continue; fi
-    todo+=("$i")
+    todo+=("$i"); w_left=$((w_left + $(cost "$i")))
 done
-left=${#todo[@]}
 reap() {   # wait for one job to end; mark it done, or stop on a failure
     local pid rc i name
     wait -n -p pid; rc=$?
@@ -122,8 +125,9 @@ reap() {   # wait for one job to end; mark it done, or stop on a failure
         return 0
     fi
     touch "$OUT/$name.done"
-    measured=$((measured + 1)); finished=$((finished + 1)); left=$((left - 1))
-    local el=$(( $(date +%s) - t0 )); local eta=$((el * left / measured))
+    measured=$((measured + 1)); finished=$((finished + 1))
+    local w; w=$(cost "$i"); w_done=$((w_done + w)); w_left=$((w_left - w))
+    local el=$(( $(date +%s) - t0 )); local eta=$((el * w_left / w_done))
     printf 'tasks: %d/%d %s, %dm%02ds, ETA %dm%02ds\n' "$finished" "$n" "$name" $((el / 60)) $((el % 60)) \
         $((eta / 60)) $((eta % 60)) >&2
 }

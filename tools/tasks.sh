@@ -119,7 +119,7 @@ reap() {   # wait for one job to end; mark it done, or stop on a failure
     [ -n "${pid:-}" ] || return 0
     i=${job_of[$pid]}; unset "job_of[$pid]"
     name=${runs[$i]%%|*}
-    if [ $rc -ne 0 ] || [ $stop = 1 ]; then
+    if [ $rc -ne 0 ]; then   # a run that ended well while others failed or a signal came is kept
         say "$name stopped (status $rc: $(tail -1 "$OUT/$name.err")); its records so far are in $OUT/$name.jsonl"
         failed+=" $name"; stop=1   # the runs under way finish; no new one starts
         return 0

@@ -13,6 +13,9 @@
 #include "kv_codec.h"
 
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <sched.h>
 #if defined(__AVX__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -148,6 +151,41 @@ static void block_scores(float *const *out, const float *const *q, int nq, float
 static inline __attribute__((always_inline)) void wsum_stored_body(float *const *o, const float *const *p,
                                                                   const uint8_t *const *vb, const uint8_t *vt, int n,
                                                                   int d0, int w, int G, int Gc) {
+#ifdef __AVX512F__
+    if (w == 64 && G <= 3) {   /* 64 columns, a whole f32 row at head_dim 64, in one pass: 12 sums in registers */
+        __m512 z = _mm512_setzero_ps(), a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z,
+               a20 = z, a21 = z, a22 = z, a23 = z;
+        float row[64] __attribute__((aligned(64)));
+        for (int i = 0; i < n; i++) {
+            __m512 v0, v1, v2, v3, ph;
+            if (vt[i] == KV_F32) {   /* read in place */
+                const float *x = (const float *)(const void *)vb[i] + d0;
+                v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16), v2 = _mm512_loadu_ps(x + 32);
+                v3 = _mm512_loadu_ps(x + 48);
+            } else {
+                for (int k = 0; k < 4; k++) kv_decode16(row + 16 * k, vt[i], vb[i], d0 + 16 * k, Gc);
+                v0 = _mm512_load_ps(row), v1 = _mm512_load_ps(row + 16), v2 = _mm512_load_ps(row + 32);
+                v3 = _mm512_load_ps(row + 48);
+            }
+#define WSUM_HEAD64(h, s0, s1, s2, s3)                            \
+            if (G > h) {                                          \
+                ph = _mm512_set1_ps(p[h][i]);                     \
+                s0 = _mm512_add_ps(s0, _mm512_mul_ps(ph, v0));    \
+                s1 = _mm512_add_ps(s1, _mm512_mul_ps(ph, v1));    \
+                s2 = _mm512_add_ps(s2, _mm512_mul_ps(ph, v2));    \
+                s3 = _mm512_add_ps(s3, _mm512_mul_ps(ph, v3));    \
+            }
+            WSUM_HEAD64(0, a00, a01, a02, a03)
+            WSUM_HEAD64(1, a10, a11, a12, a13)
+            WSUM_HEAD64(2, a20, a21, a22, a23)
+#undef WSUM_HEAD64
+        }
+        __m512 a[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
+        for (int hh = 0; hh < G; hh++)
+            for (int k = 0; k < 4; k++) _mm512_storeu_ps(o[hh] + d0 + 16 * k, a[hh][k]);
+        return;
+    }
+#endif
 #ifdef __AVX__
     if (w == 32 && G <= 3) {   /* 32 columns, two lines of an f32 row, in one pass: 12 sums in registers */
         __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z,
@@ -208,13 +246,23 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
         return;
     }
 #endif
-    float acc[4][32] = {{0}};
+    float acc[4][64] = {{0}};
     for (int i = 0; i < n; i++)
         for (int dd = 0; dd < w; dd++) {
             float x = kv_decode_elem(vt[i], vb[i], d0 + dd, Gc);
             for (int hh = 0; hh < G; hh++) acc[hh][dd] += p[hh][i] * x;
         }
     for (int hh = 0; hh < G; hh++) memcpy(o[hh] + d0, acc[hh], (size_t)w * sizeof(float));
+}
+
+/* Columns a weighted-sum pass covers for a group of G heads: 64 with AVX-512 and 32 with AVX where the group's sums
+ * of up to 3 heads fit in registers (a whole f32 row of head_dim 64, or two cache lines of it, per pass over the
+ * rows), else 16 (wsum_stored_body's cases; the portable loop takes up to 64) */
+static int wsum_cols(int G, int hd) {
+#ifdef __AVX512F__
+    if (G <= 3 && hd % 64 == 0) return 4 * WSUM_COLS;
+#endif
+    return G <= 3 && hd % 32 == 0 ? 2 * WSUM_COLS : WSUM_COLS;
 }
 
 /* wsum_stored_body for any G: the group's heads four at a time, each case with its head count a constant; Gc = 32
@@ -234,6 +282,65 @@ static void weighted_sum_stored(float *const *o, const float *const *p, const ui
         else { WSUM_STORED_CASES(Gc) }
     }
 #undef WSUM_STORED_CASES
+}
+
+/* Value blocks. Every output is summed per value block, and the blocks' sums are added in order: o = S_0 + S_1 + ...
+ * (left to right, from S_0 itself), S_b = 0 + p_i·v_i + p_(i+1)·v_(i+1) + ... over block b's ranks in rank order
+ * (weighted_sum_stored's order). A block is a maximal run of consecutive rows whose positions share
+ * ⌊position / KV_VALUE_BLOCK⌋: a rule of the tokens' positions alone, so the blocks do not depend on the thread count
+ * or the chunking, and the evicting chunk path (attend_evict), which sums over a list that holds a token's live
+ * ranks and others with probability 0 in between, meets the same blocks (a block of rows the token does not see sums
+ * to +0, and adding +0 to a sum that is never -0 changes no bit). Decode spreads a lane's blocks over the threads
+ * (flash-decoding's split-K, without its online softmax: the probabilities are normalized before), so at long
+ * contexts every thread streams whole value rows of consecutive slots, the order the memory system reads fastest. */
+#define KV_VALUE_BLOCK 256
+
+/* The rows an output phase sums, for their positions: the first n0 live ranks of lane ln, then rows at positions
+ * pos0, pos0 + 1, ... (a chunk's new tokens), n rows in all; or, with upos, the rows at positions upos[0..n). Positions
+ * increase along the rows (a lane's live list is in position order). */
+typedef struct {
+    const KVLane *ln;
+    const int *upos;
+    int n0, pos0, n;
+} VRows;
+
+static inline int vrow_pos(const VRows *r, int i) {
+    return r->upos ? r->upos[i] : i < r->n0 ? kv_rank_pos(r->ln, i) : r->pos0 + (i - r->n0);
+}
+
+/* The end of row i's value block: the first row after i in another block, or r->n (a binary search: positions
+ * increase along the rows) */
+static int vblock_end(const VRows *r, int i) {
+    long next = ((long)vrow_pos(r, i) / KV_VALUE_BLOCK + 1) * KV_VALUE_BLOCK;
+    int lo = i + 1, hi = r->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (vrow_pos(r, mid) < next) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* weighted_sum_stored over the first n rows of r, block by block: o_h[d0, d0 + w) = S_0 + S_1 + ... (the order
+ * above). o: G rows of head_dim floats. */
+static void wsum_blocked(float *const *o, const float *const *p, const uint8_t *const *vb, const uint8_t *vt,
+                         const VRows *r, int n, int d0, int w, int G, int hd, int Gc) {
+    float tmem[G * hd], *t[G];
+    const float *pb[G];
+    for (int hh = 0; hh < G; hh++) {
+        t[hh] = tmem + (size_t)hh * hd;
+        for (int dd = 0; dd < w; dd++) o[hh][d0 + dd] = 0;   /* no rows: 0 */
+    }
+    for (int i0 = 0; i0 < n;) {
+        int i1 = vblock_end(r, i0);
+        i1 = i1 < n ? i1 : n;
+        for (int hh = 0; hh < G; hh++) pb[hh] = p[hh] + i0;
+        weighted_sum_stored(i0 ? t : o, pb, vb + i0, vt + i0, i1 - i0, d0, w, G, Gc);
+        if (i0)
+            for (int hh = 0; hh < G; hh++)
+                for (int dd = 0; dd < w; dd++) o[hh][d0 + dd] += t[hh][d0 + dd];
+        i0 = i1;
+    }
 }
 
 /* 8 partial sums s_k folded as ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)), the order of a vector reduction with hadd */
@@ -285,6 +392,26 @@ static void softmax_inplace(float *x, int n) {
     for (i = 0; i < n; i++) x[i] *= inv;
 }
 
+/* *buf to at least n floats (ints) (contents not kept). 0, or -1 when out of memory (*buf unchanged). */
+static int grow_floats(float **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return 0;
+    float *b = malloc(n * sizeof(float));
+    if (!b) return -1;
+    free(*buf);
+    *buf = b;
+    *cap = n;
+    return 0;
+}
+static int grow_ints(int **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return 0;
+    int *b = malloc(n * sizeof(int));
+    if (!b) return -1;
+    free(*buf);
+    *buf = b;
+    *cap = n;
+    return 0;
+}
+
 /* Multiply-adds per layer below which attention stays on one thread (as run.c's matmul does below 65536). */
 #define KV_PARALLEL_MIN_WORK 65536
 /* Step 3 in three phases, each split over the threads in pieces whose arithmetic does not depend on the split, so
@@ -293,7 +420,10 @@ static void softmax_inplace(float *x, int n) {
  *            scored against every query head of the group (block_scores; values decoded there too, when they are
  *            not f32);
  *   softmax  per query head: max, exp, sum and normalization in rank order;
- *   output   per (lane, 16 columns): Σ_i p_hi v_i for the group's heads, each value read once for the group.
+ *   output   per (lane, value block): the block's Σ_i p_hi v_i for the group's heads (each value row read once for
+ *            the group, whole rows of consecutive slots), then per query head the blocks' sums added in order (the
+ *            value blocks above). With fewer blocks than four per thread (short contexts) a block's columns are
+ *            split too: a column's arithmetic is the same either way.
  * At long contexts decode attention is bound by reading the cache (f32 SmolLM2 at 2,048 tokens: 92 MiB per token),
  * so every phase reads each key and value once. */
 void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
@@ -312,11 +442,30 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
         if (c->spec.pos == POS_CACHE) kv_rope_apply(qh, s, c->rope_cs + (size_t)(lanes[h / group].n_live - 1) * hd);
         else kv_rope_apply(qh, s, cs_t);
     }
-    /* output columns per work item: 32 where the sums of a group of up to 3 heads fit in registers (two cache lines
-       of an f32 row per pass, half the passes over the rows), else 16 */
-    int cols = group <= 3 && hd % 32 == 0 ? 2 * WSUM_COLS : WSUM_COLS;
+    int cols = wsum_cols(group, hd);
     int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK, col_blocks = (hd + cols - 1) / cols;
     int Gc = kv_group(hd);   /* the codec's group of a vector (q8, q4, q2) */
+    /* the value blocks of each lane: lane g's are rows boff[g] .. boff[g + 1] - 1 of c->vpart, starting at ranks
+       c->vstart[g·(max_n + 1) + b]; where that scratch cannot grow, each (lane, columns) goes block by block on one
+       thread (wsum_blocked: the same sums) */
+    VRows vr[n_kv];
+    int boff[n_kv + 1];
+    size_t vs_ld = (size_t)max_n + 1;
+    int split_k = !grow_ints(&c->vstart, &c->vstart_cap, (size_t)n_kv * vs_ld);
+    boff[0] = 0;
+    for (int g = 0; g < n_kv; g++) {
+        vr[g] = (VRows){&lanes[g], NULL, lanes[g].n_live, 0, lanes[g].n_live};
+        int nb = 0;
+        for (int i = 0; split_k && i < lanes[g].n_live; i = vblock_end(&vr[g], i)) c->vstart[g * vs_ld + nb++] = i;
+        if (split_k) c->vstart[g * vs_ld + nb] = lanes[g].n_live;
+        boff[g + 1] = boff[g] + nb;
+    }
+    split_k = split_k && !grow_floats(&c->vpart, &c->vpart_cap, (size_t)boff[n_kv] * group * hd);
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    int col_split = boff[n_kv] < 4 * threads ? col_blocks : 1;   /* pieces per block */
     /* small layers stay on one thread: waking the team costs more than the work (and much more on a loaded machine) */
     size_t work = (size_t)max_n * hd * nh;
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
@@ -353,17 +502,48 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
         }
         #pragma omp for schedule(static)
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
-        #pragma omp for schedule(static)
-        for (int item = 0; item < n_kv * col_blocks; item++) {
-            int g = item / col_blocks, d0 = item % col_blocks * cols;
-            float *o[group];
-            const float *p[group];
-            for (int hh = 0; hh < group; hh++) {
-                o[hh] = out + (size_t)(g * group + hh) * hd;
-                p[hh] = c->scores + (size_t)(g * group + hh) * budget;
+        if (split_k) {
+            #pragma omp for schedule(static)
+            for (int item = 0; item < boff[n_kv] * col_split; item++) {
+                int bi = item / col_split, g = 0;
+                while (bi >= boff[g + 1]) g++;
+                const int *st = c->vstart + g * vs_ld + (bi - boff[g]);
+                float *o[group];
+                const float *p[group];
+                for (int hh = 0; hh < group; hh++) {
+                    o[hh] = c->vpart + ((size_t)bi * group + hh) * hd;
+                    p[hh] = c->scores + (size_t)(g * group + hh) * budget + st[0];
+                }
+                int d_lo = col_split > 1 ? item % col_split * cols : 0, d_hi = col_split > 1 ? d_lo + cols : hd;
+                for (int d0 = d_lo; d0 < d_hi && d0 < hd; d0 += cols)
+                    weighted_sum_stored(o, p, c->vrow + (size_t)g * budget + st[0],
+                                        c->vrow_type + (size_t)g * budget + st[0], st[1] - st[0], d0,
+                                        hd - d0 < cols ? hd - d0 : cols, group, Gc);
             }
-            weighted_sum_stored(o, p, c->vrow + (size_t)g * budget, c->vrow_type + (size_t)g * budget,
-                                lanes[g].n_live, d0, hd - d0 < cols ? hd - d0 : cols, group, Gc);
+            #pragma omp for schedule(static)
+            for (int h = 0; h < nh; h++) {   /* the blocks' sums in order */
+                int g = h / group;
+                float *o = out + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) o[d] = 0;   /* an empty lane */
+                for (int bi = boff[g]; bi < boff[g + 1]; bi++) {
+                    const float *sb = c->vpart + ((size_t)bi * group + h % group) * hd;
+                    if (bi == boff[g]) memcpy(o, sb, (size_t)hd * sizeof(float));
+                    else for (int d = 0; d < hd; d++) o[d] += sb[d];
+                }
+            }
+        } else {
+            #pragma omp for schedule(static)
+            for (int item = 0; item < n_kv * col_blocks; item++) {
+                int g = item / col_blocks, d0 = item % col_blocks * cols;
+                float *o[group];
+                const float *p[group];
+                for (int hh = 0; hh < group; hh++) {
+                    o[hh] = out + (size_t)(g * group + hh) * hd;
+                    p[hh] = c->scores + (size_t)(g * group + hh) * budget;
+                }
+                wsum_blocked(o, p, c->vrow + (size_t)g * budget, c->vrow_type + (size_t)g * budget, &vr[g],
+                             lanes[g].n_live, d0, hd - d0 < cols ? hd - d0 : cols, group, hd, Gc);
+            }
         }
     }
     kv_attend_policy(c, l, t);
@@ -420,17 +600,6 @@ static struct {
     float *q, *p;
     size_t q_cap, p_cap;   /* floats */
 } chunk_scratch;
-
-/* *buf to at least n floats (contents not kept). 0, or -1 when out of memory (*buf unchanged). */
-static int grow_floats(float **buf, size_t *cap, size_t n) {
-    if (n <= *cap) return 0;
-    float *b = malloc(n * sizeof(float));
-    if (!b) return -1;
-    free(*buf);
-    *buf = b;
-    *cap = n;
-    return 0;
-}
 
 /* Grows the chunk buffers to n tokens of this cache. 0, or -1 when out of memory (the caller then goes token by
  * token). */
@@ -532,47 +701,84 @@ static void wsum_quad_tail(float *o, size_t ld_o, const float *p, size_t ld_p, c
 /* Tokens per work item of the output phase: each value row comes from L2 or L3 once per item */
 #define WSUM_TOKENS 16
 
+#ifdef __AVX__
+/* Four tokens' value-block sums acc (token k at acc + k·ld_a, G rows of head_dim) into their outputs (token k at
+ * o + k·ld_o, G rows of head_dim): o = acc for the first block, else o + acc (the value blocks' order). */
+static void quad_fold(float *o, size_t ld_o, const float *acc, size_t ld_a, int G, int hd, int first) {
+    for (int k = 0; k < 4; k++)
+        for (int x = 0; x < G * hd; x++) {
+            float *d = o + (size_t)k * ld_o + x;
+            *d = first ? acc[(size_t)k * ld_a + x] : *d + acc[(size_t)k * ld_a + x];
+        }
+}
+#endif
+
 /* The outputs of tokens [u0, u1) of a chunk for lane g's query heads: token u sums rows 0 .. n0 + u of the lane's
- * rows (vp: f32 rows; vb, vt: the same rows as weighted_sum_stored reads them) with its probabilities P + u·ld_u +
- * h·ld_h, into out (tokens, n_heads·hd). With AVX and head_dim a multiple of 16, four tokens at a time in pieces of
- * WSUM_ROWS value rows, each piece read from L2 or L3 once for all the item's tokens and heads; the tokens left over
- * (fewer than four) one at a time. Every output in wsum_stored_body's order. */
+ * rows vr (vp: f32 rows; vb, vt: the same rows as weighted_sum_stored reads them) with its probabilities P + u·ld_u +
+ * h·ld_h, into out (tokens, n_heads·hd), value block by value block. With AVX and head_dim a multiple of 16, four
+ * tokens at a time in pieces of WSUM_ROWS value rows (a piece never crosses a block), each piece read from L2 or L3
+ * once for all the item's tokens and heads, the block's sums kept in acc and added to the outputs when it ends; a
+ * quad whose last three rows (the rows only its later tokens see) start a new block, and the tokens left over (fewer
+ * than four), go one at a time (wsum_blocked). Every output in the value blocks' order. */
 static void wsum_tokens(float *out, const float *P, size_t ld_u, size_t ld_h, const float *const *vp,
-                        const uint8_t *const *vb, const uint8_t *vt, int g, int n0, int u0, int u1, int nh, int G,
-                        int hd) {
+                        const uint8_t *const *vb, const uint8_t *vt, const VRows *vr, int g, int n0, int u0, int u1,
+                        int nh, int G, int hd) {
     size_t q_dim = (size_t)nh * hd;
-    int u = u0;
+    int u = u0, uq = u0;
+    char cross[WSUM_TOKENS / 4 + 1];
 #ifdef __AVX__
     if (hd % WSUM_COLS == 0) {
-        int uq = u0 + (u1 - u0) / 4 * 4;   /* tokens [u0, uq) go in fours; four tokens from u share rows 0..n0 + u,
-                                              and the last three rows as wsum_quad_tail adds them */
-        for (int i0 = 0; i0 < n0 + uq - 3; i0 += WSUM_ROWS)
-            for (int u4 = u0; u4 < uq; u4 += 4) {
-                int shared = n0 + u4 + 1, i1 = i0 + WSUM_ROWS < shared ? i0 + WSUM_ROWS : shared;
-                for (int d0 = 0; d0 < hd && i0 < i1; d0 += WSUM_COLS)
-                    for (int hh = 0; hh < G; hh++)
-                        wsum_quad_rows(out + (size_t)u4 * q_dim + (size_t)(g * G + hh) * hd, q_dim,
-                                       P + u4 * ld_u + (g * G + hh) * ld_h, ld_u, vp, i0, i1, d0, i0 == 0);
+        uq = u0 + (u1 - u0) / 4 * 4;   /* tokens [u0, uq) go in fours; four tokens from u4 share rows 0..n0 + u4,
+                                          and the last three rows as wsum_quad_tail adds them */
+        size_t ld_a = (size_t)G * hd;
+        float acc[(size_t)(uq > u0 ? uq - u0 : 1) * G * hd];   /* (token, head, column): each quad's block sums */
+        for (int u4 = u0; u4 < uq; u4 += 4) {
+            int S = n0 + u4 + 1;
+            cross[(u4 - u0) / 4] = vblock_end(vr, S - 1) < S + 3;
+        }
+        int last = n0 + uq - 3, end0 = vblock_end(vr, 0);   /* the most rows any quad shares; the first block's end */
+        for (int b0 = 0, b1; b0 < last; b0 = b1) {
+            b1 = vblock_end(vr, b0);
+            for (int i0 = b0; i0 < b1 && i0 < last; i0 += WSUM_ROWS) {
+                int ie = i0 + WSUM_ROWS < b1 ? i0 + WSUM_ROWS : b1;
+                for (int u4 = u0; u4 < uq; u4 += 4) {
+                    int S = n0 + u4 + 1, i1 = ie < S ? ie : S;
+                    if (cross[(u4 - u0) / 4] || i1 <= i0) continue;
+                    float *a = acc + (size_t)(u4 - u0) * ld_a;
+                    for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
+                        for (int hh = 0; hh < G; hh++)
+                            wsum_quad_rows(a + (size_t)hh * hd, ld_a, P + u4 * ld_u + (g * G + hh) * ld_h, ld_u, vp,
+                                           i0, i1, d0, i0 == b0);
+                    if (i1 == b1)   /* the block ends before the quad's last shared row (b1 = S would cross) */
+                        quad_fold(out + (size_t)u4 * q_dim + (size_t)g * G * hd, q_dim, a, ld_a, G, hd, b0 == 0);
+                }
             }
-        for (int u4 = u0; u4 < uq; u4 += 4)
+        }
+        for (int u4 = u0; u4 < uq; u4 += 4) {   /* the last block: the tail rows, then into the outputs */
+            if (cross[(u4 - u0) / 4]) continue;
+            int S = n0 + u4 + 1;
+            float *a = acc + (size_t)(u4 - u0) * ld_a;
             for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
                 for (int hh = 0; hh < G; hh++)
-                    wsum_quad_tail(out + (size_t)u4 * q_dim + (size_t)(g * G + hh) * hd, q_dim,
-                                   P + u4 * ld_u + (g * G + hh) * ld_h, ld_u, vp, n0 + u4 + 1, d0);
+                    wsum_quad_tail(a + (size_t)hh * hd, ld_a, P + u4 * ld_u + (g * G + hh) * ld_h, ld_u, vp, S, d0);
+            quad_fold(out + (size_t)u4 * q_dim + (size_t)g * G * hd, q_dim, a, ld_a, G, hd, S - 1 < end0);
+        }
         u = uq;
     }
 #endif
-    for (; u < u1; u++) {
+    for (int x = u0; x < u1; x++) {
+        if (x < uq && !cross[(x - u0) / 4]) continue;   /* done above */
         float *oa[G];
         const float *pa[G];
         for (int hh = 0; hh < G; hh++) {
-            oa[hh] = out + (size_t)u * q_dim + (size_t)(g * G + hh) * hd;
-            pa[hh] = P + u * ld_u + (g * G + hh) * ld_h;
+            oa[hh] = out + (size_t)x * q_dim + (size_t)(g * G + hh) * hd;
+            pa[hh] = P + x * ld_u + (g * G + hh) * ld_h;
         }
         for (int d0 = 0; d0 < hd; d0 += WSUM_COLS)
-            weighted_sum_stored(oa, pa, vb, vt, n0 + u + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G,
-                                kv_group(hd));
+            wsum_blocked(oa, pa, vb, vt, vr, n0 + x + 1, d0, hd - d0 < WSUM_COLS ? hd - d0 : WSUM_COLS, G, hd,
+                         kv_group(hd));
     }
+    (void)u;
 }
 
 /* Inside a parallel region, split over its threads: the chunk's queries q (n, n_heads, head_dim) rotated into Q
@@ -702,8 +908,9 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         #pragma omp for schedule(dynamic)
         for (int item = 0; item < n_kv * n_items; item++) {
             int g = item / n_items, u0 = item % n_items * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
+            VRows vr = {&lanes[g], NULL, n0[g], pos0, n0[g] + n};
             wsum_tokens(out, P, (size_t)nh * B, B, c->vptr + (size_t)g * B, c->vrow + (size_t)g * B,
-                        c->vrow_type + (size_t)g * B, g, n0[g], u0, u1, nh, G, hd);
+                        c->vrow_type + (size_t)g * B, &vr, g, n0[g], u0, u1, nh, G, hd);
         }
     }
     /* as after kv_attend_cpu, c->scores holds the last token's probabilities */
@@ -896,8 +1103,9 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
             unsigned spins = 0;
             while (__atomic_load_n(&done, __ATOMIC_ACQUIRE) < u1) spin_pause(&spins);
             if (__atomic_load_n(&rc, __ATOMIC_RELAXED)) continue;
+            VRows vr = {NULL, upos + (size_t)g * W, 0, 0, n0[g] + n};
             wsum_tokens(out, P, (size_t)nh * W, W, vp + (size_t)g * W, evict_scratch.vb + (size_t)g * W,
-                        evict_scratch.vt + (size_t)g * W, g, n0[g], u0, u1, nh, G, hd);
+                        evict_scratch.vt + (size_t)g * W, &vr, g, n0[g], u0, u1, nh, G, hd);
         }
     }
     return rc;

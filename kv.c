@@ -1457,7 +1457,7 @@ void kv_cache_free(KVCache *c) {
     else free(c->policy.state);
     free(c->arena); free(c->lanes); free(c->scores); free(c->agg); free(c->mean); free(c->kbuf);
     free(c->vbuf); free(c->qbuf); free(c->vptr); free(c->vrow); free(c->vrow_type);
-    free(c->chunk_cs);
+    free(c->chunk_cs); free(c->vstart); free(c->vpart);
     free(c->rope_cs); free(c->rope_t); free(c->victim_buf); free(c->run_buf); free(c->score_buf);
     free(c->sel_score); free(c->read_rank); free(c->read_n); free(c->kgbuf);
     free(c->stage); free(c->lr_cov); free(c->lr_cs);

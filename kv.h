@@ -537,6 +537,10 @@ struct KVCache {
        attn_cpu.c) */
     float *chunk_cs;         /* (chunk, head_dim/2, 2) cos, sin of positions chunk_cs_pos0.. (chunk_cs_n of them) */
     int chunk_cap, chunk_cs_pos0, chunk_cs_n;
+    /* scratch of the output phase's value blocks (attn_cpu.c), grown to the most seen */
+    int *vstart;             /* (n_kv_heads, blocks + 1) the first rank of each value block of a lane, then its end */
+    float *vpart;            /* (value blocks of all lanes, G, head_dim) a decode step's sums per value block */
+    size_t vstart_cap, vpart_cap;
     float *rope_cs;          /* (budget, head_dim/2, 2) cos, sin by rank, pos=cache only */
     float *rope_t;           /* (head_dim/2, 2) cos, sin of position rope_t_pos, shared by the layers of a step */
     int rope_t_pos;

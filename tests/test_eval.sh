@@ -56,6 +56,32 @@ for c in 5 64; do
         else fail "ppl -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -2 "$tmp/err" "$tmp/err1")"; fi
     done
 done
+# --- the same across value blocks: attention sums a value's rows per block of 256 positions (attn_cpu.c), so on a
+# model of 768 positions, 700 tokens at -c 640 give full lanes of three blocks, sparse lanes (h2o, tova) whose
+# blocks hold a few rows each, and chunks that begin, end and straddle a block's edge (7 and 60 divide no multiple of
+# 256 below 700; 64 does); decode on 1 thread against 2 (blocks spread over the threads) ---
+ids 700 5 >"$tmp/long.txt"
+LONG=("${POLS[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sinks=4 -kv h2o:200,recent=20 -kv tova:150
+      -kv window:300,pos=cache -kv window:300,type=q4)
+# two shapes: head_dim 8 with GQA groups of 4 (the portable kernels), head_dim 64 with groups of 3 (SmolLM2's: the
+# vector kernels, four tokens at a time in the chunk paths)
+for shape in "64 8 2" "192 3 1"; do
+    set -- $shape
+    ./export --random "$tmp/long.bin" --dim $1 --hidden 160 --layers 2 --heads $2 --kv-heads $3 --vocab 211 --seq 768 \
+        --seed 6 >/dev/null 2>&1 || fail "export --random (768 positions)"
+    what="dim $1, $2 heads, $3 kv heads"
+    OMP_NUM_THREADS=2 ./run "$tmp/long.bin" -m ppl -f "$tmp/long.txt" -c 640 "${LONG[@]}" "${CAL[@]}" -chunk 1 \
+        -tokenlog "$tmp/l1.jsonl" >/dev/null 2>"$tmp/errl1"
+    rcl=$?
+    for run in "1 1" "7 1" "7 2" "60 2" "64 2"; do
+        set -- $run
+        OMP_NUM_THREADS=$2 ./run "$tmp/long.bin" -m ppl -f "$tmp/long.txt" -c 640 "${LONG[@]}" "${CAL[@]}" -chunk $1 \
+            -tokenlog "$tmp/l$1.t$2.jsonl" >/dev/null 2>"$tmp/err"
+        if [ $rcl -eq 0 ] && [ -s "$tmp/l1.jsonl" ] && cmp -s "$tmp/l1.jsonl" "$tmp/l$1.t$2.jsonl"; then
+            pass "$what, 700 tokens at -c 640, -chunk $1 on $2 thread(s): bit-identical to -chunk 1 on 2 threads for $((${#LONG[@]} / 2)) policies"
+        else fail "$what, 700 tokens, -chunk $1 on $2 threads differs from -chunk 1 (rc $rcl): $(tail -2 "$tmp/err" "$tmp/errl1")"; fi
+    done
+done
 # -o against -tokenlog and the tables: 300 tokens, -c 64 (evicting policies go on past the span, full stops at it;
 # -bucket 50: six buckets of position, full's null after the second);
 # window:12 must differ from the shadow (a finite KL above 0, whatever its size) and full must not

@@ -209,6 +209,8 @@ static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, c
 /* rows a decode tile reads at once, each from its own stretch of W: 3 measured fastest (1: 13.3, 2: 8.7-9.7,
  * 3: 8.2, 4: 7.8-8.9 ms per q8 token on one core) */
 #define DECODE_STREAMS 3
+/* tokens up to which a matmul reads the weights as decode does (one token, or a batch of sequences' steps) */
+#define DECODE_TOKENS 16
 
 /* out (n, rows) = x (n, cols) · W (rows, cols)ᵀ: row i of out[t] is W_i · x_t. Each thread takes one contiguous
  * range of rows (whole tiles, so each streams its part of W once per panel pass), cut into panels that stay in L2;
@@ -255,17 +257,21 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
 #endif
         int per = ((rows + nth - 1) / nth + tr - 1) / tr * tr;
         int i_end = rows < (tid + 1) * per ? rows : (tid + 1) * per;
-        if (n == 1 && tid * per < i_end) {
-            /* decode: DECODE_STREAMS rows at a time, taken from equal, contiguous sub-ranges of this thread's rows,
-             * so each is one unbroken stream through memory that the prefetchers follow (adjacent rows in one tile
-             * break the streams every row and ran ~2x slower) */
-            int b = tid * per, h = (i_end - b) / DECODE_STREAMS;
-            for (int i = b; i < b + h; i++)
-                matmul_tile(out + i, rows, h, (const uint8_t *)W.data + (size_t)i * row_bytes, x, act_q8.q, act_q8.d,
-                            q8, DECODE_STREAMS, 1, cols);
-            for (int i = b + DECODE_STREAMS * h; i < i_end; i++)
-                matmul_tile(out + i, rows, 1, (const uint8_t *)W.data + (size_t)i * row_bytes, x, act_q8.q, act_q8.d,
-                            q8, 1, 1, cols);
+        if (n <= DECODE_TOKENS && tid * per < i_end) {
+            /* decode (one token, or a few: many sequences' steps): DECODE_STREAMS rows at a time, taken from equal,
+             * contiguous sub-ranges of this thread's rows, so each is one unbroken stream through memory that the
+             * prefetchers follow (adjacent rows in one tile break the streams every row and ran ~2x slower); the
+             * tile's rows stay in L1 for every block of tokens */
+            int b = tid * per, h = (i_end - b) / DECODE_STREAMS, ts = q8 ? 2 : TILE_MAX;
+            for (int i = b; i < i_end; i++) {
+                int streams = i < b + h ? DECODE_STREAMS : 1;
+                if (i >= b + h && i < b + DECODE_STREAMS * h) continue;   /* the other streams' rows */
+                for (int t = 0; t < n; t += ts)
+                    matmul_tile(out + (size_t)t * rows + i, rows, h, (const uint8_t *)W.data + (size_t)i * row_bytes,
+                                x + (size_t)t * cols, q8 ? act_q8.q + (size_t)t * cols : NULL,
+                                q8 ? act_q8.d + (size_t)t * (cols / Q8_GROUP) : NULL, q8, streams,
+                                n - t < ts ? n - t : ts, cols);
+            }
         } else
         for (int p = tid * per; p < i_end; p += panel) {
             int p_end = i_end < p + panel ? i_end : p + panel;

@@ -93,6 +93,18 @@ static void block_scores(float *const *out, const float *const *q, int nq, const
  * row (68 bytes at head_dim 64) is a quarter of an f32 row: decode attention at long contexts streams the cache, so
  * reading it in its stored form is what makes q8 and q4 lanes faster than f32 ones. With AVX the group's sums stay
  * in registers. */
+/* One value row (v0..v3) into the sums of up to 3 heads, a00..a23, with the vector width's intrinsics (X: _mm256
+ * or _mm512): s += p_h[i]·v, a multiply then an add. Names the body's own variables (G, p, i, ph). */
+#define WSUM_HEAD4(X, h, s0, s1, s2, s3)                          \
+    if (G > h) {                                                  \
+        ph = X##_set1_ps(p[h][i]);                                \
+        s0 = X##_add_ps(s0, X##_mul_ps(ph, v0));                  \
+        s1 = X##_add_ps(s1, X##_mul_ps(ph, v1));                  \
+        s2 = X##_add_ps(s2, X##_mul_ps(ph, v2));                  \
+        s3 = X##_add_ps(s3, X##_mul_ps(ph, v3));                  \
+    }
+#define WSUM_ROW4(X) WSUM_HEAD4(X, 0, a00, a01, a02, a03) WSUM_HEAD4(X, 1, a10, a11, a12, a13) \
+                     WSUM_HEAD4(X, 2, a20, a21, a22, a23)
 static inline __attribute__((always_inline)) void wsum_stored_body(float *const *o, const float *const *p,
                                                                   const uint8_t *const *vb, const uint8_t *vt, int n,
                                                                   int d0, int w, int G, int Gc) {
@@ -112,18 +124,7 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
                 v0 = _mm512_load_ps(row), v1 = _mm512_load_ps(row + 16), v2 = _mm512_load_ps(row + 32);
                 v3 = _mm512_load_ps(row + 48);
             }
-#define WSUM_HEAD64(h, s0, s1, s2, s3)                            \
-            if (G > h) {                                          \
-                ph = _mm512_set1_ps(p[h][i]);                     \
-                s0 = _mm512_add_ps(s0, _mm512_mul_ps(ph, v0));    \
-                s1 = _mm512_add_ps(s1, _mm512_mul_ps(ph, v1));    \
-                s2 = _mm512_add_ps(s2, _mm512_mul_ps(ph, v2));    \
-                s3 = _mm512_add_ps(s3, _mm512_mul_ps(ph, v3));    \
-            }
-            WSUM_HEAD64(0, a00, a01, a02, a03)
-            WSUM_HEAD64(1, a10, a11, a12, a13)
-            WSUM_HEAD64(2, a20, a21, a22, a23)
-#undef WSUM_HEAD64
+            WSUM_ROW4(_mm512)
         }
         __m512 a[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
         for (int hh = 0; hh < G; hh++)
@@ -146,18 +147,7 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
             kv_decode16(row + 16, vt[i], vb[i], d0 + 16, Gc);
             __m256 v0 = _mm256_load_ps(row), v1 = _mm256_load_ps(row + 8), v2 = _mm256_load_ps(row + 16),
                    v3 = _mm256_load_ps(row + 24), ph;
-#define WSUM_HEAD32(h, s0, s1, s2, s3)                            \
-            if (G > h) {                                          \
-                ph = _mm256_set1_ps(p[h][i]);                     \
-                s0 = _mm256_add_ps(s0, _mm256_mul_ps(ph, v0));    \
-                s1 = _mm256_add_ps(s1, _mm256_mul_ps(ph, v1));    \
-                s2 = _mm256_add_ps(s2, _mm256_mul_ps(ph, v2));    \
-                s3 = _mm256_add_ps(s3, _mm256_mul_ps(ph, v3));    \
-            }
-            WSUM_HEAD32(0, a00, a01, a02, a03)
-            WSUM_HEAD32(1, a10, a11, a12, a13)
-            WSUM_HEAD32(2, a20, a21, a22, a23)
-#undef WSUM_HEAD32
+            WSUM_ROW4(_mm256)
         }
         __m256 a[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
         for (int hh = 0; hh < G; hh++)
@@ -199,6 +189,8 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
         }
     for (int hh = 0; hh < G; hh++) memcpy(o[hh] + d0, acc[hh], (size_t)w * sizeof(float));
 }
+#undef WSUM_HEAD4
+#undef WSUM_ROW4
 
 /* Columns a weighted-sum pass covers for a group of G heads: 64 with AVX-512 and 32 with AVX where the group's sums
  * of up to 3 heads fit in registers (a whole f32 row of head_dim 64, or two cache lines of it, per pass over the

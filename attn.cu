@@ -248,13 +248,9 @@ static void twin_attention(const Launch *L) {
                         pair_index(g->pairing, hd, p, &a, &b);
                         rope_pair(&x[a], &x[b], L->rope_rank[(size_t)i * hd + 2 * p], L->rope_rank[(size_t)i * hd + 2 * p + 1]);
                     }
-                /* the dot product in kv_attend_cpu's order (attn_cpu.c: 8 interleaved partial sums, folded as
-                   ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))), so that the twin and the CPU path differ only
-                   in the softmax and the sums over slots, which are what the twin models */
                 for (int hh = 0; hh < G; hh++) {
-                    float s8[8] = {0};
-                    for (int e = 0; e < hd; e++) s8[e % 8] += qr[(size_t)hh * hd + e] * x[e];
-                    float dot = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+                    float dot = 0;
+                    for (int e = 0; e < hd; e++) dot += qr[(size_t)hh * hd + e] * x[e];
                     L->scores[((size_t)j * G + hh) * L->pitch + i] = dot * g->scale;
                 }
             }

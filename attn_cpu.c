@@ -24,60 +24,116 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Attention scores. A score is scale·(q·k), with q·k summed as 8 interleaved partial sums s_j = 0 + q_j·k_j +
- * q_(j+8)·k_(j+8) + ... (each term a multiply then an add, no fused multiply-add), folded as ((s0 + s1) + (s2 + s3))
- * + ((s4 + s5) + (s6 + s7)): the order of 8-wide vector sums and a tree of horizontal adds, which the portable C code
- * keeps too, so a score's bits never depend on the build, the thread count or how the work is split. With AVX the
- * sums of 8 keys advance side by side, a register each, reading every key in place (no copy, no transpose), and one
- * tree of horizontal adds folds all 8 at once. */
-static inline float fold8_tree(const float s[8]) {
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+/* Attention scores. A score is q·k summed in increasing d, 0 + q_0·k_0 + q_1·k_1 + ..., each term a multiply then an
+ * add (no fused multiply-add), then times 1/√head_dim: the naive loop's order, with or without AVX, so a score's bits
+ * never depend on the build, the thread count or how the work is split. The vector code keeps that order without a
+ * horizontal sum: a block of up to KV_KEY_BLOCK keys is first laid out dimension-major in panels of KT_PANEL keys
+ * (keys_pack), so the sums of 8 keys advance side by side in one register, one dimension at a time
+ * (scores_panel). */
+#define KT_PANEL 16       /* keys per panel: two registers of sums per query */
+
+/* kt = the nk keys kp[0..nk) in panels: panel p holds keys 16p..16p+15 as (head_dim, 16), kt[p·16·hd + d·16 + i] =
+ * kp[16p + i][d]; a last short panel is filled up with copies of its first key (scored, never stored). nk ≤
+ * KV_KEY_BLOCK; kt: round_up(nk, 16)·hd floats, 32-byte aligned. */
+static void keys_pack(float *kt, const float *const *kp, int nk, int hd) {
+    for (int p = 0; p < nk; p += KT_PANEL) {
+        float *dst = kt + (size_t)p * hd;
+        const float *k[KT_PANEL];
+        for (int i = 0; i < KT_PANEL; i++) k[i] = kp[p + (p + i < nk ? i : 0)];
+        int d = 0;
+#ifdef __AVX__
+        /* 8 keys x 8 dimensions at a time: an 8 x 8 transpose in registers */
+        for (; d + 8 <= hd; d += 8)
+            for (int h = 0; h < KT_PANEL; h += 8) {
+                __m256 r[8], t[8];
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k[h + i] + d);
+                for (int i = 0; i < 8; i += 2) {
+                    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);       /* k_i d0, k_i+1 d0, k_i d1, k_i+1 d1 | d4.. */
+                    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);   /* d2, d3 | d6, d7 */
+                }
+                for (int i = 0; i < 8; i += 4)
+                    for (int j = 0; j < 2; j++) {
+                        r[i + 2 * j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);       /* 4 keys at d0 | d4 */
+                        r[i + 2 * j + 1] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);   /* d1 | d5 */
+                    }
+                /* r[0..3]: keys 0-3 at d0, d1, d2, d3 (low) and d4..d7 (high); r[4..7]: keys 4-7 */
+                for (int i = 0; i < 4; i++) {
+                    float *lo = dst + (size_t)(d + i) * KT_PANEL + h, *hi = lo + 4 * KT_PANEL;   /* d + i, d + i + 4 */
+                    _mm256_storeu_ps(lo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                    _mm256_storeu_ps(hi, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+                }
+            }
+#endif
+        for (; d < hd; d++)
+            for (int i = 0; i < KT_PANEL; i++) dst[(size_t)d * KT_PANEL + i] = k[i][d];
+    }
+}
+
+/* out[f][i] = scale·(q[f]·key i) for NQ ≤ 4 queries and the m ≤ 16 keys of one panel kt (keys_pack's layout). */
+static inline __attribute__((always_inline)) void scores_panel_n(float *const *out, const float *const *q,
+                                                                 const float *kt, int m, int hd, float scale,
+                                                                 int NQ) {
+    float s[4][KT_PANEL];
+#ifdef __AVX__
+    /* named sums, not an array: the compiler keeps them in registers */
+    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
+    for (int d = 0; d < hd; d++) {
+        __m256 k0 = _mm256_load_ps(kt + (size_t)d * KT_PANEL), k1 = _mm256_load_ps(kt + (size_t)d * KT_PANEL + 8), b;
+        __asm__("" : "+x"(k0), "+x"(k1));   /* kept in registers: else GCC reloads them as operands of every multiply */
+#define SCORE_QUERY(f, s0, s1)                                    \
+        if (NQ > f) {                                             \
+            b = _mm256_broadcast_ss(q[f] + d);                    \
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(b, k0));         \
+            s1 = _mm256_add_ps(s1, _mm256_mul_ps(b, k1));         \
+        }
+        SCORE_QUERY(0, a00, a01) SCORE_QUERY(1, a10, a11) SCORE_QUERY(2, a20, a21) SCORE_QUERY(3, a30, a31)
+#undef SCORE_QUERY
+    }
+    __m256 sc = _mm256_set1_ps(scale), a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+    for (int f = 0; f < NQ; f++) {
+        float *o = m == KT_PANEL ? out[f] : s[f];
+        _mm256_storeu_ps(o, _mm256_mul_ps(a[f][0], sc));
+        _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[f][1], sc));
+    }
+    if (m == KT_PANEL) return;
+#else
+    for (int f = 0; f < NQ; f++)
+        for (int i = 0; i < m; i++) {
+            float acc = 0;
+            for (int d = 0; d < hd; d++) acc += q[f][d] * kt[(size_t)d * KT_PANEL + i];
+            s[f][i] = acc * scale;
+        }
+#endif
+    for (int f = 0; f < NQ; f++) memcpy(out[f], s[f], (size_t)m * sizeof(float));
+}
+
+/* scores_panel_n with the number of queries a constant, so each case keeps its sums in registers */
+static void scores_panel(float *const *out, const float *const *q, int nq, const float *kt, int m, int hd,
+                         float scale) {
+    switch (nq) {
+    case 1: scores_panel_n(out, q, kt, m, hd, scale, 1); break;
+    case 2: scores_panel_n(out, q, kt, m, hd, scale, 2); break;
+    case 3: scores_panel_n(out, q, kt, m, hd, scale, 3); break;
+    default: scores_panel_n(out, q, kt, m, hd, scale, 4); break;
+    }
 }
 
 /* A 32-byte aligned pointer into a scratch array of 8 floats more than it needs (panels are read with aligned loads) */
 static inline float *align32(float *p) { return (float *)(((uintptr_t)p + 31) & ~(uintptr_t)31); }
 
-/* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk keys (any number; the block's keys
- * stay in L1 while every query passes over them). */
-static void block_scores(float *const *out, const float *const *q, int nq, const float *const *kp, int nk, int hd,
-                         float scale) {
-    int i = 0;
-#ifdef __AVX__
-    if (hd % 8 == 0) {
-        __m256 sc = _mm256_set1_ps(scale);
-        for (; i + 8 <= nk; i += 8) {
-            const float *k0 = kp[i], *k1 = kp[i + 1], *k2 = kp[i + 2], *k3 = kp[i + 3], *k4 = kp[i + 4],
-                        *k5 = kp[i + 5], *k6 = kp[i + 6], *k7 = kp[i + 7];
-            for (int f = 0; f < nq; f++) {
-                __m256 z = _mm256_setzero_ps(), a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z;
-                const float *qf = q[f];
-                for (int d = 0; d < hd; d += 8) {
-                    __m256 qv = _mm256_loadu_ps(qf + d);
-                    a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(k0 + d)));
-                    a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(k1 + d)));
-                    a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(k2 + d)));
-                    a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(k3 + d)));
-                    a4 = _mm256_add_ps(a4, _mm256_mul_ps(qv, _mm256_loadu_ps(k4 + d)));
-                    a5 = _mm256_add_ps(a5, _mm256_mul_ps(qv, _mm256_loadu_ps(k5 + d)));
-                    a6 = _mm256_add_ps(a6, _mm256_mul_ps(qv, _mm256_loadu_ps(k6 + d)));
-                    a7 = _mm256_add_ps(a7, _mm256_mul_ps(qv, _mm256_loadu_ps(k7 + d)));
-                }
-                /* hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: twice gives each key's
-                   (s0+s1)+(s2+s3) in the low half and (s4+s5)+(s6+s7) in the high half */
-                __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)),
-                       u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-                __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-                _mm256_storeu_ps(out[f] + i, _mm256_mul_ps(r, sc));
-            }
+/* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, the keys packed
+ * into kt first (keys_pack). Four queries at a time sweep the block's panels, which stay in L1. */
+static void block_scores(float *const *out, const float *const *q, int nq, float *kt, const float *const *kp, int nk,
+                         int hd, float scale) {
+    keys_pack(kt, kp, nk, hd);
+    for (int f = 0; f < nq; f += 4) {
+        int nf = nq - f < 4 ? nq - f : 4;
+        for (int p = 0; p < nk; p += KT_PANEL) {
+            float *o[4];
+            for (int x = 0; x < nf; x++) o[x] = out[f + x] + p;
+            scores_panel(o, q + f, nf, kt + (size_t)p * hd, nk - p < KT_PANEL ? nk - p : KT_PANEL, hd, scale);
         }
     }
-#endif
-    for (; i < nk; i++)
-        for (int f = 0; f < nq; f++) {
-            float s[8] = {0};
-            for (int d = 0; d < hd; d++) s[d % 8] += q[f][d] * kp[i][d];
-            out[f][i] = fold8_tree(s) * scale;
-        }
 }
 
 #define WSUM_COLS 16
@@ -413,8 +469,8 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             int i1 = i0 + KV_KEY_BLOCK < n ? i0 + KV_KEY_BLOCK : n;
             if (i1 <= i0) continue;   /* this lane is shorter than the layer's longest */
             /* this thread's scratch, in L1 for the block: decoded (or rotated) keys and their panels */
-            float kmem[KV_KEY_BLOCK * hd + 8];
-            float *kx = align32(kmem);
+            float kmem[KV_KEY_BLOCK * hd + 8], tmem[KV_KEY_BLOCK * hd + 8];
+            float *kx = align32(kmem), *kt = align32(tmem);
             const float *kp[KV_KEY_BLOCK];
             const uint8_t **vb = c->vrow + (size_t)g * budget;
             uint8_t *vt = c->vrow_type + (size_t)g * budget;
@@ -435,7 +491,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                 qg[hh] = c->qbuf + (size_t)(g * group + hh) * hd;
                 sg[hh] = c->scores + (size_t)(g * group + hh) * budget + i0;
             }
-            block_scores(sg, qg, group, kp, i1 - i0, hd, scale);
+            block_scores(sg, qg, group, kt, kp, i1 - i0, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
@@ -747,7 +803,8 @@ static void chunk_block_scores(float *P, size_t ld, const float *Q, const float 
         qf[f - f0] = Q + row * hd;
         of[f - f0] = P + row * ld + j0;
     }
-    block_scores(of, qf, nf - f0, kp, j1 - j0, hd, scale);
+    float tmem[KV_KEY_BLOCK * hd + 8];   /* this thread's panels, in L1 for the block */
+    block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
 }
 
 /* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:

@@ -281,8 +281,8 @@ static void weighted_sum_stored(float *const *o, const float *const *p, const ui
  * (left to right, from S_0 itself), S_b = 0 + p_i·v_i + p_(i+1)·v_(i+1) + ... over block b's ranks in rank order
  * (weighted_sum_stored's order). A block is a maximal run of consecutive rows whose positions share
  * ⌊position / KV_VALUE_BLOCK⌋: a rule of the tokens' positions alone, so the blocks do not depend on the thread count
- * or the chunking, and the evicting chunk path (attend_evict), which sums over a list that holds a token's live
- * ranks and others with probability 0 in between, meets the same blocks (a block of rows the token does not see sums
+ * or the chunking, and the chunk path over a union of rows (attend_union), which sums over a list that holds a
+ * token's live ranks and others with probability 0 in between, meets the same blocks (a block of rows the token does not see sums
  * to +0, and adding +0 to a sum that is never -0 changes no bit). Decode spreads a lane's blocks over the threads
  * (flash-decoding's split-K, without its online softmax: the probabilities are normalized before), so at long
  * contexts every thread streams whole value rows of consecutive slots, the order the memory system reads fastest. */
@@ -611,28 +611,32 @@ static int chunk_reserve(KVCache *c, int n) {
     return 0;
 }
 
-/* The f32 key a new token of the chunk will have at attention: what kv_append stores (pos=orig: rotated by its
- * position, cs) read back as kv_lane_key reads it (decoded; pos=cache: rotated by its rank). x: head_dim. */
+/* x (head_dim) through storage form ty and back, in place: what a store of x into a slot of that form reads back
+ * (kv_encode, then kv_decode; f32 keeps x). */
+static void chunk_roundtrip(float *x, KVType ty, int hd) {
+    if (ty == KV_F32) return;
+    uint8_t b[4 * hd + 64];   /* any form's bytes of one vector (f32, the largest, is 4·head_dim) */
+    kv_encode(b, ty, x, hd);
+    kv_decode(x, ty, b, hd);
+}
+
+/* The f32 key a new token of the chunk will have at attention: what kv_append stores into band 0 (pos=orig: rotated
+ * by its position, cs) read back as kv_lane_key reads it (decoded; pos=cache: rotated by its rank). x: head_dim. */
 static const float *chunk_key(const KVCache *c, float *x, const float *k, int rank, const float *cs) {
     const KVShape *s = &c->shape;
     int hd = s->head_dim;
     memcpy(x, k, (size_t)hd * sizeof(float));
     if (c->spec.pos == POS_ORIG) kv_rope_apply(x, s, cs);
-    if (c->spec.ktype != KV_F32) {
-        uint8_t b[c->k_bytes];
-        kv_encode(b, c->spec.ktype, x, hd);
-        kv_decode(x, c->spec.ktype, b, hd);
-    }
+    chunk_roundtrip(x, c->band_ktype[0], hd);
     if (c->spec.pos == POS_CACHE) kv_rope_apply(x, s, c->rope_cs + (size_t)rank * hd);
     return x;
 }
 
 /* The same for a new token's value: v itself (f32), or decoded from what kv_append stores into x. */
 static const float *chunk_value(const KVCache *c, float *x, const float *v) {
-    if (c->spec.vtype == KV_F32) return v;
-    uint8_t b[c->v_bytes];
-    kv_encode(b, c->spec.vtype, v, c->shape.head_dim);
-    kv_decode(x, c->spec.vtype, b, c->shape.head_dim);
+    if (c->band_vtype[0] == KV_F32) return v;
+    memcpy(x, v, (size_t)c->shape.head_dim * sizeof(float));
+    chunk_roundtrip(x, c->band_vtype[0], c->shape.head_dim);
     return x;
 }
 
@@ -914,34 +918,97 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * A chunk through a full lane that evicts as it goes (sink, window, h2o, tova, ... at steady state: attend_evict).
- * Token by token, token u's live list is the lane's list after its own store: the list before it minus the slots
- * its step 1 freed, plus its own slot at the end. Eviction takes slots out of the list without reordering it and a
- * store appends, so every token's live list is an ordered subsequence of one list, the union U: the lane's live
- * tokens when the chunk begins, then the chunk's n tokens. Step 3 then goes a chunk at a time, exactly:
+ * A chunk over a union of rows (attend_union), for two kinds of lanes whose live lists change while the chunk
+ * passes, so that attend_static's one list per lane does not hold:
+ *
+ * Evicting lanes (sink, window, h2o, tova, ... at steady state). Token by token, token u's live list is the lane's
+ * list after its own store: the list before it minus the slots its step 1 freed, plus its own slot at the end.
+ * Eviction takes slots out of the list without reordering it and a store appends, so every token's live list is an
+ * ordered subsequence of one list, the union U: the lane's live tokens when the chunk begins, then the chunk's n
+ * tokens.
+ *
+ * Banded lanes (residual=, prec=, kprec=, vprec=) that evict nothing while the chunk passes. A store recodes the
+ * oldest token of every full band into the next band's form (kv.c, band_make_room), so a token's key and value
+ * change while the chunk passes: token u sees rank j in the band of its age then. A lane filled newest first and
+ * never evicted from (packed: band 0 holds the newest band_slots[0] tokens, band 1 the next band_slots[1], ...)
+ * stays packed, so that band is a function of the age alone (packed_band). With a chunk no longer than any band but
+ * the oldest, a token of the lane crosses at most one band boundary while the chunk passes and a new token stays in
+ * band 0. U holds each live rank in its band now, then, right after it, in the band it will have reached by the
+ * chunk's last token (computed as band_make_room recodes it: decoded from its band's form, encoded into the next),
+ * when that differs; then the chunk's n tokens in band 0. Each token sees one row of each of its ranks.
+ *
+ * Step 3 then goes a chunk at a time, exactly:
  *   scores   every query of the chunk against every key of U (as attend_static: the lane's keys read once per chunk
- *            before any store, the new ones as kv_append will store them, chunk_key), into rows of U's positions;
+ *            before any store, the new ones as kv_append will store them, chunk_key), into rows of U;
  *   steps    token by token on one thread, in order: kv_append (step 1 chooses victims from the policy's state after
- *            the previous token's step 4, as at -chunk 1), then for each head the scores of the token's live ranks
- *            gathered from U's positions into c->scores, softmax_inplace over them (the same n_live values in the
- *            same rank order as kv_attend_cpu, so the same bits), step 4 and the hook; the probabilities are put back
- *            at their U positions, every other position of the row (evicted before this token, or after it) 0;
+ *            the previous token's step 4, as at -chunk 1; the store recodes), then for each head the scores of the
+ *            token's live ranks gathered from U's rows, found by the rank's position and band, into c->scores,
+ *            softmax_inplace over them (the same n_live values in the same rank order as kv_attend_cpu, so the same
+ *            bits), step 4 and the hook; the probabilities are put back at their rows of U, every other row up to
+ *            the token's own (evicted before this token, stored after it, or the rank in a band it is not in now) 0;
  *   outputs  attend_static's output phase over U's rows. An output is 0 + p_0 v_0 + p_1 v_1 + ... over U in order;
  *            a row the token does not see adds 0·v = ±0, which leaves a sum started from +0 unchanged bit for bit
  *            (a sum that is ±0 here is +0: x + (-x) rounds to +0), so each output is kv_attend_cpu's sum over the
  *            token's live ranks. The values are copied (decoded) before the steps, since a store may reuse the
  *            slot of a value an earlier token of the chunk still reads.
- * Only under pos=orig (under pos=cache a key's rotation is its rank, which changes as slots are freed) and where
- * attend_static's other conditions hold; tests/test_eval.sh checks every registered policy at -chunk 5 and 64 against
- * -chunk 1, bit for bit. */
+ * A rank the gather does not find in U (the band of a rank other than predicted) is a kv.c bug: it aborts. Only under
+ * pos=orig (under pos=cache a key's rotation is its rank, which changes as slots are freed) and where attend_static's
+ * other conditions hold; an evicting lane with bands goes token by token (which band an eviction frees, and so which
+ * tokens recode, depends on the policy's choice). tests/test_eval.sh checks every registered policy and banded
+ * specs at -chunk 5, 7 and 64 against -chunk 1, bit for bit. */
 
-/* Whether attend_evict may run the next tokens from position t: chunk_room's conditions, pos=orig, a policy that
- * evicts, and no alloc=ada (its lanes shrink together, layer-wide). */
+/* Whether attend_union may run the next tokens of an evicting lane from position t: chunk_room's conditions,
+ * pos=orig, a policy that evicts, and no alloc=ada (its lanes shrink together, layer-wide). */
 static int chunk_evicts(const KVCache *c, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     return !(c->device || c->n_bands > 1 || c->kgroup || ops->prune || ops->merge || ops->select ||
              kv_query_selects(c, t) || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada ||
              c->merge_evict || c->spec.pos != POS_ORIG || !ops->evict);
+}
+
+/* The band that holds the token of age r (0: the newest) in a packed lane: the bands fill newest first. */
+static int packed_band(const KVCache *c, const KVLane *ln, int r) {
+    int b = 0;
+    for (int end = 0; b < c->n_bands - 1; b++) {
+        end += ln->band_slots[b];
+        if (r < end) break;
+    }
+    return b;
+}
+
+/* Whether every band of the lane holds the tokens packed_band gives it: band b's live slots are the newest tokens
+ * left after the newer bands took theirs. */
+static int lane_packed(const KVCache *c, const KVLane *ln) {
+    int left = ln->n_live;
+    for (int b = 0; b < c->n_bands; b++) {
+        int live = ln->band_slots[b] - ln->n_free[b], want = left < ln->band_slots[b] ? left : ln->band_slots[b];
+        if (live != want) return 0;
+        left -= want;
+    }
+    return 1;
+}
+
+/* How many of the next tokens of layer l, from position t, may attend as one chunk of a banded lane (attend_union,
+ * above): chunk_room's conditions but the bands, pos=orig, no alloc=ada, no memory pool (a pool lane's band 0 grows
+ * by pages), every lane packed; no more than any lane's free slots (nothing is evicted) and any band but its oldest
+ * (one boundary at most per token). 0 when none can. */
+static int chunk_banded(const KVCache *c, int l, int t) {
+    const KVPolicyOps *ops = c->policy.ops;
+    if (c->n_bands < 2 || c->device || c->kgroup || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
+        || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada || c->merge_evict || c->pool
+        || c->spec.pos != POS_ORIG)
+        return 0;
+    int H = c->shape.n_kv_heads, room = c->budget;
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &c->lanes[l * H + g];
+        if (!lane_packed(c, ln)) return 0;
+        room = ln->cap - ln->n_live < room ? ln->cap - ln->n_live : room;
+        int oldest = c->n_bands - 1;
+        while (oldest > 0 && ln->band_slots[oldest] == 0) oldest--;
+        for (int b = 0; b < oldest; b++)
+            room = ln->band_slots[b] < room ? ln->band_slots[b] : room;
+    }
+    return room;
 }
 
 /* One wait of a spinning thread: the x86 pause instruction (it lends the core to its sibling), and every 1,024th
@@ -953,60 +1020,131 @@ static inline void spin_pause(unsigned *spins) {
 #endif
 }
 
-/* attend_evict's scratch, shared as chunk_scratch is: probabilities (tokens, n_heads, W) at U's positions (W: the
- * longest U), U's values decoded (n_kv_heads, W, head_dim) with their row pointers, and the token position of each
- * entry of U (n_kv_heads, W). */
+/* attend_union's scratch, shared as chunk_scratch is: probabilities (tokens, n_heads, W) at U's rows (W: the longest
+ * U), U's values decoded (n_kv_heads, W, head_dim) with their row pointers, and for each row of U (n_kv_heads, W) its
+ * token position, its band, its source (a live rank of the lane, or n0 + u for the chunk's token u) and, in a banded
+ * lane, the first and last token that sees it (vis0, vis1) and the ranks seen in two bands (dup, up to W a lane). */
 static struct {
     float *p, *v;
     const float **vp;
     const uint8_t **vb;
-    uint8_t *vt;
-    int *upos;
+    uint8_t *vt, *uband;
+    int *upos, *usrc, *vis0, *vis1, *dup;
     size_t p_cap, v_cap, vp_cap, upos_cap;
-} evict_scratch;
+} union_scratch;
 
-static int evict_reserve(KVCache *c, int n, int W) {
+static int union_reserve(KVCache *c, int n, int W) {
     const KVShape *s = &c->shape;
     size_t np = (size_t)n * s->n_heads * W, nv = (size_t)s->n_kv_heads * W * s->head_dim;
-    size_t nvp = (size_t)s->n_kv_heads * W, nu = nvp;
-    if (grow_floats(&evict_scratch.p, &evict_scratch.p_cap, np) || grow_floats(&evict_scratch.v, &evict_scratch.v_cap, nv))
+    size_t nvp = (size_t)s->n_kv_heads * W;
+    if (grow_floats(&union_scratch.p, &union_scratch.p_cap, np) || grow_floats(&union_scratch.v, &union_scratch.v_cap, nv))
         return -1;
-    if (nvp > evict_scratch.vp_cap) {
+    if (nvp > union_scratch.vp_cap) {
         const float **b = malloc(nvp * sizeof *b);
         const uint8_t **r = malloc(nvp * sizeof *r);
         uint8_t *t = malloc(nvp);
         if (!b || !r || !t) { free(b); free(r); free(t); return -1; }
-        free(evict_scratch.vp);
-        free(evict_scratch.vb);
-        free(evict_scratch.vt);
-        evict_scratch.vp = b;
-        evict_scratch.vb = r;
-        evict_scratch.vt = t;
-        evict_scratch.vp_cap = nvp;
+        free(union_scratch.vp);
+        free(union_scratch.vb);
+        free(union_scratch.vt);
+        union_scratch.vp = b;
+        union_scratch.vb = r;
+        union_scratch.vt = t;
+        union_scratch.vp_cap = nvp;
     }
-    if (nu > evict_scratch.upos_cap) {
-        int *b = malloc(nu * sizeof *b);
-        if (!b) return -1;
-        free(evict_scratch.upos);
-        evict_scratch.upos = b;
-        evict_scratch.upos_cap = nu;
+    if (nvp > union_scratch.upos_cap) {
+        int *b = malloc(nvp * sizeof *b), *r = malloc(nvp * sizeof *r), *f = malloc(nvp * sizeof *f);
+        int *e = malloc(nvp * sizeof *e), *d = malloc(nvp * sizeof *d);
+        uint8_t *t = malloc(nvp);
+        if (!b || !r || !f || !e || !d || !t) { free(b); free(r); free(f); free(e); free(d); free(t); return -1; }
+        free(union_scratch.upos);
+        free(union_scratch.usrc);
+        free(union_scratch.vis0);
+        free(union_scratch.vis1);
+        free(union_scratch.dup);
+        free(union_scratch.uband);
+        union_scratch.upos = b;
+        union_scratch.usrc = r;
+        union_scratch.vis0 = f;
+        union_scratch.vis1 = e;
+        union_scratch.dup = d;
+        union_scratch.uband = t;
+        union_scratch.upos_cap = nvp;
     }
     return chunk_reserve(c, n);
 }
 
-/* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_evicts(c), evict_reserve(c, n, W) done with W ≥ the
- * longest lane + n), as the comment above says. 0, or -1 when a store fails (as kv_append). */
-static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
-                        const float *v, KVAttnHook hook, void *hook_ctx, int W) {
+/* x (head_dim, the vector as band `from` of the lane holds it, at p: x itself or a row of the cache) as band `to`
+ * will hold it: recoded band by band as band_make_room moves it (the bands with slots between; a form the two bands
+ * share moves as bytes, so nothing changes). Returns p, or x when it had to be recoded. */
+static const float *union_recode(const KVCache *c, const KVLane *ln, float *x, const float *p, int from, int to,
+                                 int is_v) {
+    const KVType *ty = is_v ? c->band_vtype : c->band_ktype;
+    for (int b = from + 1, at = from; b <= to; b++) {
+        if (ln->band_slots[b] == 0) continue;
+        if (ty[b] != ty[at]) {
+            if (p != x) memcpy(x, p, (size_t)c->shape.head_dim * sizeof(float));
+            p = x;
+            chunk_roundtrip(x, ty[b], c->shape.head_dim);
+        }
+        at = b;
+    }
+    return p;
+}
+
+/* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_evicts(c), or chunk_banded(c, l) ≥ n with banded;
+ * union_reserve(c, n, W) done with W ≥ the longest U), as the comment above says. 0, or -1 when a store fails (as
+ * kv_append). */
+static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
+                        const float *v, KVAttnHook hook, void *hook_ctx, int W, int banded) {
     const KVShape *s = &c->shape;
     int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, G = nh / n_kv, B = c->budget;
     int kv_dim = n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     KVLane *lanes = &c->lanes[l * n_kv];
-    int n0[n_kv], max_n = 0;   /* live tokens per lane before the chunk; U of lane g has n0[g] + n positions */
+    int *upos = union_scratch.upos, *usrc = union_scratch.usrc;
+    uint8_t *uband = union_scratch.uband;
+    /* U of each lane: its live ranks (a banded lane's recoding ones twice), then the chunk's n tokens; n0[g] rows
+       before the chunk's tokens, n0[g] + n in all. In a banded lane each row's tokens [vis0, vis1]: the rank's age at
+       token u is live0 + u - j, its band then packed_band's; dup lists the ranks seen in two bands, n_dup[g] of them */
+    int n0[n_kv], live0[n_kv], n_dup[n_kv], max_n = 0;
     for (int g = 0; g < n_kv; g++) {
-        n0[g] = lanes[g].n_live;
-        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
+        const KVLane *ln = &lanes[g];
+        int *src = usrc + (size_t)g * W, *vis0 = union_scratch.vis0 + (size_t)g * W;
+        int *vis1 = union_scratch.vis1 + (size_t)g * W, *dup = union_scratch.dup + (size_t)g * W, rows = 0;
+        uint8_t *band = uband + (size_t)g * W;
+        live0[g] = ln->n_live;
+        n_dup[g] = 0;
+        for (int j = 0; j < ln->n_live; j++) {
+            int now = kv_slot_band(ln, ln->live[j]);
+            src[rows] = j;
+            band[rows] = (uint8_t)now;
+            vis0[rows] = 0;
+            vis1[rows++] = n - 1;
+            int then = banded ? packed_band(c, ln, ln->n_live + n - 1 - j) : now;
+            if (then != now) {   /* it recodes at token sw */
+                int sw = 0;
+                while (packed_band(c, ln, ln->n_live + sw - j) == now) sw++;
+                vis1[rows - 1] = sw - 1;
+                src[rows] = j;
+                band[rows] = (uint8_t)then;
+                vis0[rows] = sw;
+                vis1[rows++] = n - 1;
+                dup[n_dup[g]++] = rows - 2;
+            }
+        }
+        n0[g] = rows;
+        for (int u = 0; u < n; u++) {
+            src[rows] = ln->n_live + u;
+            band[rows] = 0;
+            vis0[rows] = u;
+            vis1[rows++] = n - 1;
+        }
+        if (rows > W) {   /* the caller's bound: a kv.c bug, not input */
+            fprintf(stderr, "kv: layer %d kv head %d needs %d rows in a chunk, %d reserved\n", l, g, rows, W);
+            abort();
+        }
+        max_n = rows > max_n ? rows : max_n;
     }
     if (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n) {   /* the positions' rotations, shared by the layers */
         for (int u = 0; u < n; u++) kv_rope_cs(c->chunk_cs + (size_t)u * hd, s, pos0 + u);
@@ -1014,43 +1152,62 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
         c->chunk_cs_n = n;
     }
     int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
-    float *P = evict_scratch.p, *Q = chunk_scratch.q;
-    const float **vp = evict_scratch.vp;
-    int *upos = evict_scratch.upos;
+    float *P = union_scratch.p, *Q = chunk_scratch.q, *Pr = chunk_scratch.p, *scores = c->scores;
+    const float **vp = union_scratch.vp;
     size_t work = (size_t)max_n * hd * nh * n;
     int rc = 0, done = 0;   /* done: tokens whose steps have run */
     #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
     {
-        chunk_queries(c, Q, q, n, n0);   /* pos=orig here */
+        chunk_queries(c, Q, q, n, live0);   /* pos=orig here */
         #pragma omp for schedule(static)
         for (int item = 0; item < n_kv * blocks; item++) {
             int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
             if (j1 > n0[g] + n) j1 = n0[g] + n;
             if (j1 <= j0) continue;
-            /* U's keys and values in this block: the lane's live ones (read before any store of the chunk), then the
-               chunk's new ones as they will be stored; every value decoded into the scratch */
+            /* U's keys and values in this block: the lane's live ones (read before any store of the chunk, recoded
+               into the band the row stands for), then the chunk's new ones as they will be stored; every value
+               decoded into the scratch */
+            const KVLane *ln = &lanes[g];
             float kmem[KV_KEY_BLOCK * hd + 8];
             const float *kp[KV_KEY_BLOCK];
             for (int j = j0; j < j1; j++) {
-                float *kx = align32(kmem) + (size_t)(j - j0) * hd, *vx = evict_scratch.v + ((size_t)g * W + j) * hd;
+                size_t row = (size_t)g * W + j;
+                float *kx = align32(kmem) + (size_t)(j - j0) * hd, *vx = union_scratch.v + row * hd;
                 const float *vv;
-                if (j < n0[g]) {
-                    kp[j - j0] = kv_lane_key(c, &lanes[g], j, kx);
-                    vv = kv_lane_value(c, &lanes[g], j, vx);
-                    upos[(size_t)g * W + j] = lanes[g].pos[lanes[g].live[j]];
+                int r = usrc[row];
+                if (r < live0[g]) {
+                    int now = kv_slot_band(ln, ln->live[r]);
+                    kp[j - j0] = union_recode(c, ln, kx, kv_lane_key(c, ln, r, kx), now, uband[row], 0);
+                    vv = union_recode(c, ln, vx, kv_lane_value(c, ln, r, vx), now, uband[row], 1);
+                    upos[row] = ln->pos[ln->live[r]];
                 } else {
-                    int u = j - n0[g];
+                    int u = r - live0[g];
                     kp[j - j0] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
                                            c->chunk_cs + (size_t)u * hd);
                     vv = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
-                    upos[(size_t)g * W + j] = pos0 + u;
+                    upos[row] = pos0 + u;
                 }
                 if (vv != vx) memcpy(vx, vv, (size_t)hd * sizeof(float));
-                vp[(size_t)g * W + j] = vx;
-                evict_scratch.vb[(size_t)g * W + j] = (const uint8_t *)(const void *)vx;
-                evict_scratch.vt[(size_t)g * W + j] = KV_F32;
+                vp[row] = vx;
+                union_scratch.vb[row] = (const uint8_t *)(const void *)vx;
+                union_scratch.vt[row] = KV_F32;
             }
             chunk_block_scores(P, W, Q, kp, g, j0, j1, n0[g], n, nh, G, hd, scale);
+        }
+        /* a banded lane's probabilities, every (token, head) at once: token u's rows of U gathered in rank order
+           into Pr (tokens, n_heads, budget), softmax_inplace over them, put back (0 at the rows it does not see) */
+        if (banded) {
+            #pragma omp for schedule(static)
+            for (int uh = 0; uh < n * nh; uh++) {
+                int u = uh / nh, g = uh % nh / G, m = 0;
+                const int *vis0 = union_scratch.vis0 + (size_t)g * W, *vis1 = union_scratch.vis1 + (size_t)g * W;
+                float *row = P + (size_t)uh * W, *pr = Pr + (size_t)uh * B;
+                for (int r = 0; r <= n0[g] + u; r++)
+                    if (vis0[r] <= u && u <= vis1[r]) pr[m++] = row[r];
+                softmax_inplace(pr, m);
+                m = 0;
+                for (int r = 0; r <= n0[g] + u; r++) row[r] = vis0[r] <= u && u <= vis1[r] ? pr[m++] : 0.0f;
+            }
         }
         /* the steps on one thread; the others start on the outputs of the tokens done so far and it joins them
            after (token u's outputs read only its own row of P, final once `done` passes u) */
@@ -1058,17 +1215,44 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
         {
         for (int u = 0; u < n; u++) {
             if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) { __atomic_store_n(&rc, -1, __ATOMIC_RELAXED); break; }
-            /* rank i's entry of U, found by its token position: both lists are in increasing position order (slot
-               ids are not used: a pool lane may move its slots to give back a page) */
+            if (banded) {
+                /* the lane as predicted: nothing evicted, each rank that recodes in the band its row says (the
+                   others keep theirs: the lane stays packed); else a kv.c bug, not input */
+                for (int g = 0; g < n_kv; g++) {
+                    const KVLane *ln = &lanes[g];
+                    const int *dup = union_scratch.dup + (size_t)g * W, *vis0 = union_scratch.vis0 + (size_t)g * W;
+                    int bad = ln->n_live != live0[g] + u + 1 ? 0 : -1;
+                    for (int x = 0; x < n_dup[g] && bad < 0; x++) {
+                        int r = dup[x] + (u >= vis0[dup[x] + 1]);   /* the row token u sees */
+                        if (kv_slot_band(ln, ln->live[usrc[(size_t)g * W + r]]) != uband[(size_t)g * W + r]) bad = r;
+                    }
+                    if (bad >= 0) {
+                        fprintf(stderr, "kv: layer %d kv head %d at position %d: %d tokens, band %d of rank %d, not as "
+                                "the chunk predicted\n", l, g, pos0 + u, ln->n_live, uband[(size_t)g * W + bad],
+                                usrc[(size_t)g * W + bad]);
+                        abort();
+                    }
+                }
+                c->scores = Pr + (size_t)u * nh * B;
+                kv_attend_policy(c, l, pos0 + u);
+                if (hook) hook(hook_ctx, l, c, pos0 + u);
+                c->scores = scores;
+                __atomic_store_n(&done, u + 1, __ATOMIC_RELEASE);
+                continue;
+            }
+            /* rank i's row of U, found by its token position and band: U is in increasing position order, a rank's
+               rows adjacent (slot ids are not used: a pool lane may move its slots to give back a page) */
             for (int g = 0; g < n_kv; g++) {
                 const KVLane *ln = &lanes[g];
                 const int *up = upos + (size_t)g * W;
+                const uint8_t *ub = uband + (size_t)g * W;
                 int *at = c->run_buf;   /* (n_live) */
                 for (int i = 0, j = 0; i < ln->n_live; i++, j++) {
-                    int pos = ln->pos[ln->live[i]];
-                    while (j <= n0[g] + u && up[j] != pos) j++;
+                    int pos = ln->pos[ln->live[i]], band = c->n_bands > 1 ? kv_slot_band(ln, ln->live[i]) : 0;
+                    while (j <= n0[g] + u && (up[j] != pos || ub[j] != band)) j++;
                     if (j > n0[g] + u) {   /* a live token the chunk never saw: a kv.c bug, not input */
-                        fprintf(stderr, "kv: layer %d kv head %d holds position %d, not in the chunk's list\n", l, g, pos);
+                        fprintf(stderr, "kv: layer %d kv head %d holds position %d in band %d, not in the chunk's "
+                                "list\n", l, g, pos, band);
                         abort();
                     }
                     at[i] = j;
@@ -1093,14 +1277,18 @@ static int attend_evict(KVCache *c, float *out, int l, int pos0, int n, const fl
         #pragma omp for schedule(dynamic)
         for (int item = 0; item < n_kv * n_items; item++) {
             int g = item % n_kv, u0 = item / n_kv * WSUM_TOKENS, u1 = u0 + WSUM_TOKENS < n ? u0 + WSUM_TOKENS : n;
-            unsigned spins = 0;
-            while (__atomic_load_n(&done, __ATOMIC_ACQUIRE) < u1) spin_pause(&spins);
+            unsigned spins = 0;   /* a banded lane's probabilities are final already */
+            while (!banded && __atomic_load_n(&done, __ATOMIC_ACQUIRE) < u1) spin_pause(&spins);
             if (__atomic_load_n(&rc, __ATOMIC_RELAXED)) continue;
             VRows vr = {NULL, upos + (size_t)g * W, 0, 0, n0[g] + n};
-            wsum_tokens(out, P, (size_t)nh * W, W, vp + (size_t)g * W, evict_scratch.vb + (size_t)g * W,
-                        evict_scratch.vt + (size_t)g * W, &vr, g, n0[g], u0, u1, nh, G, hd);
+            wsum_tokens(out, P, (size_t)nh * W, W, vp + (size_t)g * W, union_scratch.vb + (size_t)g * W,
+                        union_scratch.vt + (size_t)g * W, &vr, g, n0[g], u0, u1, nh, G, hd);
         }
     }
+    /* as after kv_attend_cpu, c->scores holds the last token's probabilities (the evicting steps left them there) */
+    if (banded && !rc)
+        for (int h = 0; h < nh; h++)
+            memcpy(scores + (size_t)h * B, Pr + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
     return rc;
 }
 
@@ -1120,16 +1308,21 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
             t += nt;
             continue;
         }
-        if (n - t >= 2 && chunk_evicts(c, pos0 + t)) {   /* a lane is (nearly) full: a chunk that evicts */
-            int ne = n - t, longest = 0;
+        int banded = n - t >= 2 ? chunk_banded(c, l, pos0 + t) : 0;
+        if (n - t >= 2 && (banded >= 2 || chunk_evicts(c, pos0 + t))) {   /* a union of rows (attend_union) */
+            int ne = banded >= 2 && banded < n - t ? banded : n - t, longest = 0;
             for (int g = 0; g < s->n_kv_heads; g++) {
                 int m = c->lanes[l * s->n_kv_heads + g].n_live;
                 longest = m > longest ? m : longest;
             }
-            while (ne > 2 && (size_t)ne * s->n_heads * (longest + ne) * sizeof(float) > KV_CHUNK_SCRATCH) ne /= 2;
-            if (!evict_reserve(c, ne, longest + ne)) {
-                if (attend_evict(c, out + (size_t)t * q_dim, l, pos0 + t, ne, q + (size_t)t * q_dim,
-                                 k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx, longest + ne))
+            /* a banded lane's U holds a rank twice when it crosses a band boundary: at most ne per boundary */
+            int extra = banded >= 2 ? (c->n_bands - 1) : 0;
+            while (ne > 2 && (size_t)ne * s->n_heads * (longest + ne + extra * ne) * sizeof(float) > KV_CHUNK_SCRATCH)
+                ne /= 2;
+            int W = longest + ne + extra * ne;
+            if (!union_reserve(c, ne, W)) {
+                if (attend_union(c, out + (size_t)t * q_dim, l, pos0 + t, ne, q + (size_t)t * q_dim,
+                                 k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx, W, banded >= 2))
                     return -1;
                 t += ne;
                 continue;

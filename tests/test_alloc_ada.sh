@@ -28,7 +28,7 @@ for c in 7 64; do
         if [ $rc1 -eq 0 ] && [ -s "$tmp/c1.jsonl" ] && cmp -s "$tmp/c1.jsonl" "$tmp/c$c.t$th.jsonl" &&
             sort "$tmp/k$c.t$th.jsonl" | cmp -s - "$tmp/k1.sorted"; then
             pass "alloc=ada: -chunk $c on $th thread(s) gives -chunk 1's per-token NLL, KL and recall bit for bit and the same $(wc -l <"$tmp/k1.jsonl") -kvlog events"
-        else fail "alloc=ada: -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -2 "$tmp/err" "$tmp/err1")"; fi
+        else fail "alloc=ada: -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -n 2 "$tmp/err" "$tmp/err1")"; fi
     done
 done
 # every eviction is logged with the policy's keep score: h2o:16,alloc=ada's 3 layers free 2 slots a step once they hold

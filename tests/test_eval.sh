@@ -36,11 +36,12 @@ nll_sum() {
 }
 
 # every registered policy (its -h policies example), then variants of position, aggregation and storage
-POLS=()
-for spec in $(./run -h policies | sed -n 's/^    example: //p'); do POLS+=(-kv "$spec"); done
-[ ${#POLS[@]} -ge 18 ] || fail "./run -h policies lists $((${#POLS[@]} / 2)) examples"
-POLS+=(-kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12,per=layer -kv window:12,pos=cache
-       -kv sink:12,type=q8 -kv h2o:12,type=q4,residual=3)
+EXAMPLES=()
+for spec in $(./run -h policies | sed -n 's/^    example: //p'); do EXAMPLES+=(-kv "$spec"); done
+[ ${#EXAMPLES[@]} -ge 18 ] || fail "./run -h policies lists $((${#EXAMPLES[@]} / 2)) examples"
+POLS=("${EXAMPLES[@]}" -kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12,per=layer -kv window:12,pos=cache
+       -kv sink:12,type=q8 -kv h2o:12,type=q4,residual=3 -kv full,type=q8,residual=16 -kv full,prec=f32:5/q8:9/q4
+       -kv full,kprec=f32:8/q4,vprec=f16:3/q8 -kv full,type=f16,residual=4)
 # a calibration text when an example's policy chooses its lanes on one (-h policies: "needs: -calib FILE")
 CAL=(); ./run -h policies | grep -q '^    needs: -calib' && CAL=(-calib "$tmp/calib.txt")
 # --- batched == token by token, 1 == 2 threads ---
@@ -53,16 +54,18 @@ for c in 5 64; do
             -tokenlog "$tmp/c$c.t$th.jsonl" 2>"$tmp/err"
         if [ $rc1 -eq 0 ] && cmp -s "$tmp/c1.jsonl" "$tmp/c$c.t$th.jsonl"; then
             pass "ppl -chunk $c on $th thread(s): per-token NLL and KL bit-identical to token-by-token for $((${#POLS[@]} / 2)) policies"
-        else fail "ppl -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -2 "$tmp/err" "$tmp/err1")"; fi
+        else fail "ppl -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -n 2 "$tmp/err" "$tmp/err1")"; fi
     done
 done
 # --- the same across value blocks: attention sums a value's rows per block of 256 positions (attn_cpu.c), so on a
 # model of 768 positions, 700 tokens at -c 640 give full lanes of three blocks, sparse lanes (h2o, tova) whose
 # blocks hold a few rows each, and chunks that begin, end and straddle a block's edge (7 and 60 divide no multiple of
-# 256 below 700; 64 does); decode on 1 thread against 2 (blocks spread over the threads) ---
+# 256 below 700; 64 does); decode on 1 thread against 2 (blocks spread over the threads); banded lanes (residual=,
+# prec=, kprec=, vprec=) recode tokens into older bands as the chunk passes (attn_cpu.c, attend_union) ---
 ids 700 5 >"$tmp/long.txt"
-LONG=("${POLS[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sinks=4 -kv h2o:200,recent=20 -kv tova:150
-      -kv window:300,pos=cache -kv window:300,type=q4)
+LONG=("${EXAMPLES[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sinks=4 -kv h2o:200,recent=20 -kv tova:150
+      -kv window:300,pos=cache -kv window:300,type=q4 -kv full,type=q8,residual=64 -kv full,prec=f32:64/q8:100/q4
+      -kv full,prec=f32:40/q8:5/q4 -kv full,kprec=f32:30/q4,vprec=f16:7/q8 -kv h2o:300,type=q4,residual=64)
 # two shapes: head_dim 8 with GQA groups of 4 (the portable kernels), head_dim 64 with groups of 3 (SmolLM2's: the
 # vector kernels, four tokens at a time in the chunk paths)
 for shape in "64 8 2" "192 3 1"; do
@@ -79,7 +82,7 @@ for shape in "64 8 2" "192 3 1"; do
             -tokenlog "$tmp/l$1.t$2.jsonl" >/dev/null 2>"$tmp/err"
         if [ $rcl -eq 0 ] && [ -s "$tmp/l1.jsonl" ] && cmp -s "$tmp/l1.jsonl" "$tmp/l$1.t$2.jsonl"; then
             pass "$what, 700 tokens at -c 640, -chunk $1 on $2 thread(s): bit-identical to -chunk 1 on 2 threads for $((${#LONG[@]} / 2)) policies"
-        else fail "$what, 700 tokens, -chunk $1 on $2 threads differs from -chunk 1 (rc $rcl): $(tail -2 "$tmp/err" "$tmp/errl1")"; fi
+        else fail "$what, 700 tokens, -chunk $1 on $2 threads differs from -chunk 1 (rc $rcl): $(tail -n 2 "$tmp/err" "$tmp/errl1")"; fi
     done
 done
 # -o against -tokenlog and the tables: 300 tokens, -c 64 (evicting policies go on past the span, full stops at it;
@@ -136,5 +139,5 @@ else fail "snapkv without prefill=: rc $rc $(cat "$tmp/err")"; fi
 ./run "$M" -m ppl -f "$tmp/a.txt" -kv snapkv:40,obs=8,prefill=60 -kv h2o:16 -chunk 7 -tokenlog "$tmp/s7.jsonl" >/dev/null 2>"$tmp/err" &&
 ./run "$M" -m ppl -f "$tmp/a.txt" -kv snapkv:40,obs=8,prefill=60 -kv h2o:16 -chunk 1 -tokenlog "$tmp/s1.jsonl" >/dev/null 2>>"$tmp/err"
 if cmp -s "$tmp/s1.jsonl" "$tmp/s7.jsonl"; then pass "snapkv:40,obs=8,prefill=60: -chunk 7 bit-identical to token-by-token"
-else fail "snapkv chunked differs: $(tail -2 "$tmp/err")"; fi
+else fail "snapkv chunked differs: $(tail -n 2 "$tmp/err")"; fi
 exit 0

@@ -29,7 +29,7 @@ for c in 7 64; do
         if [ $rc1 -eq 0 ] && cmp -s "$tmp/c1.jsonl" "$tmp/c$c.t$th.jsonl" &&
             sort "$tmp/k$c.t$th.jsonl" | cmp -s - "$tmp/k1.sorted"; then
             pass "merge=1: -chunk $c on $th thread(s) gives token-by-token's per-token NLL, KL and recall bit for bit and the same $(wc -l <"$tmp/k1.jsonl") -kvlog events"
-        else fail "merge=1: -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -2 "$tmp/err" "$tmp/err1")"; fi
+        else fail "merge=1: -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -n 2 "$tmp/err" "$tmp/err1")"; fi
     done
 done
 # recall from -o: 1 with merge=1 (every position is covered by some slot), below 1 for plain h2o at the same budget

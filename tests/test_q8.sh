@@ -36,7 +36,7 @@ for c in 5 64; do
             2>"$tmp/err"
         if [ $rc1 -eq 0 ] && [ -s "$tmp/c1.jsonl" ] && cmp -s "$tmp/c1.jsonl" "$tmp/c$c.t$th.jsonl"; then
             pass "q8 weights: ppl -chunk $c on $th thread(s) bit-identical to token-by-token for 5 policies"
-        else fail "q8 ppl -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -2 "$tmp/err" "$tmp/err1")"; fi
+        else fail "q8 ppl -chunk $c, $th threads differs from -chunk 1 (rc $rc1): $(tail -n 2 "$tmp/err" "$tmp/err1")"; fi
     done
 done
 

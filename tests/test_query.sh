@@ -24,7 +24,7 @@ ask() {   # NAME ARGS...: one -m task run with the three snapkv specs, records a
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$RUN" "$M" -m task "$@" -depths 0.5 -items 1 "${KV[@]}" \
         -o "$tmp/$name.jsonl" -kvlog "$tmp/$name.kvlog" 2>"$tmp/$name.err"
     local rc=$?
-    if [ $rc -eq 0 ]; then echo "PASS -m task $name: exit 0"; else echo "FAIL -m task $name: exit $rc: $(tail -2 "$tmp/$name.err")"; fi
+    if [ $rc -eq 0 ]; then echo "PASS -m task $name: exit 0"; else echo "FAIL -m task $name: exit $rc: $(tail -n 2 "$tmp/$name.err")"; fi
 }
 ask one -task niah_single -c 384 -lengths 384
 ask turns -task niah_multikey -questions 2 -shared turns -c 512 -lengths 512

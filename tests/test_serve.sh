@@ -43,7 +43,7 @@ if [ -z "${KVLAB_SANITIZE:-}" ]; then
         i=$((i + 1))
         "$RUN" "$M" -m serve $A $cfg -o "$tmp/sched$i.jsonl" 2>"$tmp/sched$i.err"
         rc=$?
-        [ $rc -eq 0 ] || fail "serve $cfg: exit $rc: $(tail -2 "$tmp/sched$i.err")"
+        [ $rc -eq 0 ] || fail "serve $cfg: exit $rc: $(tail -n 2 "$tmp/sched$i.err")"
     done
     python3 - "$tmp" <<'PY'
 import json, sys
@@ -73,7 +73,7 @@ PY
     done >"$tmp/trace.jsonl"
     for p in 1 0; do
         "$RUN" "$M" -m serve -trace "$tmp/trace.jsonl" -prefix $p -o "$tmp/prefix$p.jsonl" 2>"$tmp/prefix$p.err" ||
-            fail "serve -trace -prefix $p: $(tail -2 "$tmp/prefix$p.err")"
+            fail "serve -trace -prefix $p: $(tail -n 2 "$tmp/prefix$p.err")"
     done
     python3 - "$tmp" <<'PY'
 import json, sys
@@ -103,11 +103,11 @@ PY
       echo "{\"arrival\":1,\"doc\":\"$L/Apache-2.0\",\"doc_tokens\":120,\"prompt\":\"$q1\",\"n\":12}"; } >"$tmp/sh.jsonl"
     SK="-kv full -kv h2o:48 -kv sink:32,type=q8"
     "$RUN" "$M" -m serve -trace "$tmp/sh.jsonl" $SK -shadow 2 -o "$tmp/sh.out" 2>"$tmp/sh.err" ||
-        fail "serve -shadow 2: $(tail -2 "$tmp/sh.err")"
+        fail "serve -shadow 2: $(tail -n 2 "$tmp/sh.err")"
     for k in 1 2 3; do
         sed -n "${k}p" "$tmp/sh.jsonl" | sed 's/"arrival":[0-9]*/"arrival":0/' >"$tmp/sh$k.jsonl"
         "$RUN" "$M" -m serve -trace "$tmp/sh$k.jsonl" $SK -shadow 1 -o "$tmp/sh$k.out" 2>>"$tmp/sh.err" ||
-            fail "serve -shadow 1, request $k alone: $(tail -2 "$tmp/sh.err")"
+            fail "serve -shadow 1, request $k alone: $(tail -n 2 "$tmp/sh.err")"
     done
     python3 - "$tmp" <<'PY'
 import json, sys
@@ -151,7 +151,7 @@ PY
         -o "$tmp/adapt.jsonl" 2>"$tmp/adapt.err" && "$RUN" "$M" -m serve $B -kv full -o "$tmp/adapt_full.jsonl" \
         2>>"$tmp/adapt.err"
     rc=$?
-    [ $rc -eq 0 ] || fail "serve adapt: exit $rc: $(tail -2 "$tmp/adapt.err")"
+    [ $rc -eq 0 ] || fail "serve adapt: exit $rc: $(tail -n 2 "$tmp/adapt.err")"
     python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
@@ -202,7 +202,7 @@ for k in 0 1; do
     done_n=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$tmp/soak.jsonl') if '\"run\"' in l][$k]; print(r['finished'], r['failed'], r['preemptions'], r['steps'], sum(r.get('switches_to', {}).values()), r['kv'])" 2>/dev/null)
     if [ $rc -eq 0 ] && [ "$(echo "$done_n" | cut -d' ' -f1-2)" = "$NSOAK 0" ]; then
         pass "soak ($(basename "$SOAK_M")): $NSOAK random requests through a $POOL pool finish with the pool's invariants checked every step and no page held at the end (finished, failed, preemptions, steps, switches, spec: $done_n)"
-    else fail "soak: exit $rc, $done_n: $(tail -2 "$tmp/soak.err")"; fi
+    else fail "soak: exit $rc, $done_n: $(tail -n 2 "$tmp/soak.err")"; fi
 done
 
 # bad input: one error line, non-zero exit

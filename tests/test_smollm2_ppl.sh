@@ -16,7 +16,7 @@ grep -v '^#' tests/golden/smollm2/perplexity.txt | while read -r nctx nch want r
     if awk -v g="$got" -v w="$want" -v n="$n" -v nc="$nctx" -v ch="$nch" \
             'BEGIN { r = g / w - 1; if (r < 0) r = -r; exit !(r <= 0.001 && n == ch * (nc / 2 - 1)) }'; then
         echo "PASS chunked ppl, n_ctx $nctx: $got vs llama-perplexity $want over $n tokens ($nch chunks)"
-    else echo "FAIL chunked ppl, n_ctx $nctx: '$got' ($n tokens) vs llama-perplexity $want: $(tail -2 "$tmp/err")"; fi
+    else echo "FAIL chunked ppl, n_ctx $nctx: '$got' ($n tokens) vs llama-perplexity $want: $(tail -n 2 "$tmp/err")"; fi
 done
 # streaming full over the first 128-token chunk: NLL of positions 64..126 equals the chunked mode's first chunk
 ./run "$M" -m ppl -c 128 -chunk 64 -f "$tmp/g4800.txt" -tokenlog "$tmp/stream.jsonl" 2>"$tmp/err"

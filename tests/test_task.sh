@@ -34,7 +34,7 @@ for t in passkey niah_single niah_multikey niah_multivalue niah_multiquery vt cw
         -o "$tmp/$t.jsonl" 2>"$tmp/$t.err"
     rc=$?
     if [ $rc -eq 0 ]; then echo "PASS -m task -task $t: exit 0 ($(grep -c . "$tmp/$t.jsonl") records)"
-    else echo "FAIL -m task -task $t: exit $rc: $(tail -2 "$tmp/$t.err")"; fi
+    else echo "FAIL -m task -task $t: exit $rc: $(tail -n 2 "$tmp/$t.err")"; fi
 done
 F=$("$RUN" "$M" -m tokenize -i " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again." 2>/dev/null | wc -w)
 python3 - "$tmp" "$F" <<'PY'
@@ -92,7 +92,7 @@ for sh in turns requests; do
     "$RUN" "$M" -m task -task niah_multikey -questions 3 -shared $sh -c 768 -lengths 768 -depths 0.5 -items 1 \
         -kv full -kv sink:64 -o "$tmp/sh_$sh.jsonl" 2>"$tmp/sh_$sh.err"
     rc=$?
-    if [ $rc -eq 0 ]; then echo "PASS -questions 3 -shared $sh: exit 0"; else echo "FAIL -shared $sh: exit $rc: $(tail -2 "$tmp/sh_$sh.err")"; fi
+    if [ $rc -eq 0 ]; then echo "PASS -questions 3 -shared $sh: exit 0"; else echo "FAIL -shared $sh: exit $rc: $(tail -n 2 "$tmp/sh_$sh.err")"; fi
 done
 python3 - "$tmp" <<'PY'
 import json, os, sys
@@ -144,7 +144,7 @@ for t in niah_multikey vt; do
     for pf in 0 1; do for ch in $chunks; do
         "$RUN" "$M" -m task -task $t -c $len -lengths $len -depths 0.25,0.75 -items 1 $P -prefix $pf -chunk $ch \
             -o "$tmp/pf_${t}_${pf}_$ch.jsonl" 2>"$tmp/pf_${t}_${pf}_$ch.err" ||
-            echo "FAIL -m task -task $t -prefix $pf -chunk $ch: $(tail -2 "$tmp/pf_${t}_${pf}_$ch.err")"
+            echo "FAIL -m task -task $t -prefix $pf -chunk $ch: $(tail -n 2 "$tmp/pf_${t}_${pf}_$ch.err")"
     done; done
 done
 python3 - "$tmp" <<'PY'

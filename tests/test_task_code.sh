@@ -25,7 +25,7 @@ rc=$?
 if [ $rc -ne 0 ] && grep -q "no pinned header is left" "$tmp/a.err"; then
     echo "SKIP task code: the pinned headers are not on this machine: $(tail -1 "$tmp/a.err")"; exit 0
 fi
-if [ $rc -eq 0 ]; then echo "PASS -task code -kv sink:128 -kv full: exit 0"; else echo "FAIL -task code: exit $rc: $(tail -2 "$tmp/a.err")"; fi
+if [ $rc -eq 0 ]; then echo "PASS -task code -kv sink:128 -kv full: exit 0"; else echo "FAIL -task code: exit $rc: $(tail -n 2 "$tmp/a.err")"; fi
 
 # a copy of the headers, one altered (a comment appended)
 mkdir -p "$tmp/root"
@@ -34,7 +34,7 @@ for f in stdio.h stdlib.h string.h unistd.h fcntl.h signal.h pthread.h time.h er
 echo "/* altered */" >>"$tmp/root/string.h"
 KVLAB_CODE_ROOT="$tmp/root" "$RUN" "$M" -m task -task code -c 512 -lengths 256 -items 4 -o "$tmp/b.jsonl" 2>"$tmp/b.err"
 rc=$?
-if [ $rc -eq 0 ]; then echo "PASS KVLAB_CODE_ROOT with string.h altered: exit 0"; else echo "FAIL KVLAB_CODE_ROOT run: exit $rc: $(tail -2 "$tmp/b.err")"; fi
+if [ $rc -eq 0 ]; then echo "PASS KVLAB_CODE_ROOT with string.h altered: exit 0"; else echo "FAIL KVLAB_CODE_ROOT run: exit $rc: $(tail -n 2 "$tmp/b.err")"; fi
 if grep -q "1 of 17 pinned headers skipped under '$tmp/root': string.h (sha256 differs)" "$tmp/b.err" &&
    grep -q "no -kv full given: full runs first anyway" "$tmp/b.err"; then
     echo "PASS stderr counts the skip (string.h, sha256 differs) and says full runs as the reference"

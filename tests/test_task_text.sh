@@ -31,7 +31,7 @@ run() {   # name, args...: exit 0 expected, records in $tmp/name.jsonl
     local name=$1; shift
     "$RUN" "$M" -m task "$@" -o "$tmp/$name.jsonl" 2>"$tmp/$name.err"
     local rc=$?
-    if [ $rc -eq 0 ]; then echo "PASS $name: exit 0"; else echo "FAIL $name: exit $rc: $(tail -2 "$tmp/$name.err")"; fi
+    if [ $rc -eq 0 ]; then echo "PASS $name: exit 0"; else echo "FAIL $name: exit $rc: $(tail -n 2 "$tmp/$name.err")"; fi
 }
 run docqa -task docqa -c 512 -lengths 384,512 -depths 0.25,0.75 -items 1 -n 24 -kv full -kv window:96
 if grep -q "no pinned text is left" "$tmp/docqa.err"; then echo "SKIP natural tasks: no pinned licence texts here"; exit 0; fi
@@ -133,7 +133,7 @@ import json,sys
 r=[json.loads(l) for l in open('$tmp/root.jsonl')]
 sys.exit(0 if len(r)==4 and all(x['skipped']==1 and x['docs']==13 and x['doc']!='GPL-2' for x in r) else 1)"; then
     echo "PASS KVLAB_TEXT_ROOT with GPL-2 altered: counted as skipped, never drawn; full runs as the reference"
-else echo "FAIL KVLAB_TEXT_ROOT run: exit $rc: $(tail -2 "$tmp/root.err")"; fi
+else echo "FAIL KVLAB_TEXT_ROOT run: exit $rc: $(tail -n 2 "$tmp/root.err")"; fi
 
 source tests/lib.sh   # expect_error
 bad() { local want=$1; shift; expect_error "bad input ($*)" "$want" -m task "$@"; }

@@ -18,7 +18,7 @@ tools/tasks.sh "$tmp/out" >"$tmp/log" 2>&1 || fail "tools/tasks.sh exited $?: $(
 n_rec=$(grep -c '"mode":"task"' "$tmp/out/niah_single.256.jsonl" 2>/dev/null)
 n_kv=$(grep -o '"kv":"[^"]*"' "$tmp/out/niah_single.256.jsonl" 2>/dev/null | sort -u | wc -l)
 [ "$n_rec" = 26 ] && [ "$n_kv" = 13 ] && pass "26 records of 13 policies (2 items each)" ||
-    fail "records: $n_rec of $n_kv policies: $(tail -2 "$tmp/log")"
+    fail "records: $n_rec of $n_kv policies: $(tail -n 2 "$tmp/log")"
 rows=$(grep -c '^| niah_single | 256 |' "$tmp/out/leaderboard.md" 2>/dev/null)
 grep -q '^| niah_single | 256 | `full` | 2 | [0-9.]* | [0-9.]* | 1.000 |$' "$tmp/out/leaderboard.md" && [ "$rows" = 13 ] &&
     pass "leaderboard.md: 13 rows, full at ratio 1.000" || fail "leaderboard.md: $(cat "$tmp/out/leaderboard.md")"
@@ -32,7 +32,7 @@ r_rec=$(grep -c '"mode":"task"' "$tmp/steps/ratios_niah_single.512.jsonl" 2>/dev
 r_kv=$(grep -o '"kv":"[^"]*"' "$tmp/steps/ratios_niah_single.512.jsonl" 2>/dev/null | sort -u | wc -l)
 [ "$c_kv" = '2 "kv":"full"' ] && [ "$r_rec" = 56 ] && [ "$r_kv" = 28 ] &&
     pass "ceiling: full's 2 records; ratios: 56 records of 28 policies (5 of full's storage forms, 4 budgets of sink, h2o, snapkv, quest, pool and 3 of h2o,alloc=pyramid)" ||
-    fail "steps: ceiling '$c_kv', ratios $r_rec records of $r_kv policies: $(tail -2 "$tmp/log3")"
+    fail "steps: ceiling '$c_kv', ratios $r_rec records of $r_kv policies: $(tail -n 2 "$tmp/log3")"
 RUN=false tools/tasks.sh "$tmp/fails" >"$tmp/log4" 2>&1; rc=$?
 [ $rc = 1 ] && grep -q 'niah_single.256 stopped (status 1' "$tmp/log4" && grep -q 'did not finish: niah_single.256' "$tmp/log4" &&
     [ ! -f "$tmp/fails/niah_single.256.done" ] && pass "a failing run: status 1, named, not marked done" ||

@@ -282,10 +282,11 @@ static void weighted_sum_stored(float *const *o, const float *const *p, const ui
  * (weighted_sum_stored's order). A block is a maximal run of consecutive rows whose positions share
  * ⌊position / KV_VALUE_BLOCK⌋: a rule of the tokens' positions alone, so the blocks do not depend on the thread count
  * or the chunking, and the chunk path over a union of rows (attend_union), which sums over a list that holds a
- * token's live ranks and others with probability 0 in between, meets the same blocks (a block of rows the token does not see sums
- * to +0, and adding +0 to a sum that is never -0 changes no bit). Decode spreads a lane's blocks over the threads
- * (flash-decoding's split-K, without its online softmax: the probabilities are normalized before), so at long
- * contexts every thread streams whole value rows of consecutive slots, the order the memory system reads fastest. */
+ * token's live ranks and others with probability 0 in between, meets the same blocks (a block of rows the token does
+ * not see sums to +0, and adding +0 to a sum that is never -0 changes no bit). Decode spreads a lane's blocks over the
+ * threads (flash-decoding's split-K, without its online softmax: the probabilities are normalized before), so at
+ * long contexts every thread streams whole value rows of consecutive slots, the order the memory system reads
+ * fastest. */
 #define KV_VALUE_BLOCK 256
 
 /* The rows an output phase sums, for their positions: the first n0 live ranks of lane ln, then rows at positions
@@ -835,6 +836,15 @@ static int chunk_steps_124(KVCache *c, const float *P, int l, int pos0, int n, c
     return 0;
 }
 
+/* As after kv_attend_cpu, scores (n_heads, budget: the cache's c->scores) gets the last of a chunk's n tokens'
+ * probabilities from P (tokens, n_heads, budget), each head's over its lane's live ranks. */
+static void chunk_last_scores(const KVCache *c, float *scores, const float *P, int l, int n) {
+    int nh = c->shape.n_heads, G = nh / c->shape.n_kv_heads, B = c->budget;
+    const KVLane *lanes = &c->lanes[l * c->shape.n_kv_heads];
+    for (int h = 0; h < nh; h++)
+        memcpy(scores + (size_t)h * B, P + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
+}
+
 /* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_room(c, l) ≥ n, chunk buffers reserved). Phases, each
  * split over the threads in pieces whose arithmetic does not depend on the split:
  *   queries  per (token, query head): rotated as kv_attend_cpu rotates them;
@@ -910,10 +920,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                         c->vrow_type + (size_t)g * B, &vr, g, n0[g], u0, u1, nh, G, hd);
         }
     }
-    /* as after kv_attend_cpu, c->scores holds the last token's probabilities */
-    if (!rc)
-        for (int h = 0; h < nh; h++)
-            memcpy(scores + (size_t)h * B, P + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
+    if (!rc) chunk_last_scores(c, scores, P, l, n);
     return rc;
 }
 
@@ -1026,50 +1033,37 @@ static inline void spin_pause(unsigned *spins) {
  * lane, the first and last token that sees it (vis0, vis1) and the ranks seen in two bands (dup, up to W a lane). */
 static struct {
     float *p, *v;
+    char *rows;   /* the block the per-row arrays below are carved from, rows_cap rows of each */
     const float **vp;
     const uint8_t **vb;
-    uint8_t *vt, *uband;
     int *upos, *usrc, *vis0, *vis1, *dup;
-    size_t p_cap, v_cap, vp_cap, upos_cap;
+    uint8_t *vt, *uband;
+    size_t p_cap, v_cap, rows_cap;
 } union_scratch;
 
 static int union_reserve(KVCache *c, int n, int W) {
     const KVShape *s = &c->shape;
     size_t np = (size_t)n * s->n_heads * W, nv = (size_t)s->n_kv_heads * W * s->head_dim;
-    size_t nvp = (size_t)s->n_kv_heads * W;
-    if (grow_floats(&union_scratch.p, &union_scratch.p_cap, np) || grow_floats(&union_scratch.v, &union_scratch.v_cap, nv))
+    size_t nr = (size_t)s->n_kv_heads * W;
+    if (grow_floats(&union_scratch.p, &union_scratch.p_cap, np)
+        || grow_floats(&union_scratch.v, &union_scratch.v_cap, nv))
         return -1;
-    if (nvp > union_scratch.vp_cap) {
-        const float **b = malloc(nvp * sizeof *b);
-        const uint8_t **r = malloc(nvp * sizeof *r);
-        uint8_t *t = malloc(nvp);
-        if (!b || !r || !t) { free(b); free(r); free(t); return -1; }
-        free(union_scratch.vp);
-        free(union_scratch.vb);
-        free(union_scratch.vt);
-        union_scratch.vp = b;
-        union_scratch.vb = r;
-        union_scratch.vt = t;
-        union_scratch.vp_cap = nvp;
-    }
-    if (nvp > union_scratch.upos_cap) {
-        int *b = malloc(nvp * sizeof *b), *r = malloc(nvp * sizeof *r), *f = malloc(nvp * sizeof *f);
-        int *e = malloc(nvp * sizeof *e), *d = malloc(nvp * sizeof *d);
-        uint8_t *t = malloc(nvp);
-        if (!b || !r || !f || !e || !d || !t) { free(b); free(r); free(f); free(e); free(d); free(t); return -1; }
-        free(union_scratch.upos);
-        free(union_scratch.usrc);
-        free(union_scratch.vis0);
-        free(union_scratch.vis1);
-        free(union_scratch.dup);
-        free(union_scratch.uband);
-        union_scratch.upos = b;
-        union_scratch.usrc = r;
-        union_scratch.vis0 = f;
-        union_scratch.vis1 = e;
-        union_scratch.dup = d;
-        union_scratch.uband = t;
-        union_scratch.upos_cap = nvp;
+    if (nr > union_scratch.rows_cap) {   /* pointers first, then ints, then bytes: each array aligned */
+        char *m = malloc(nr * (2 * sizeof(void *) + 5 * sizeof(int) + 2));
+        if (!m) return -1;
+        free(union_scratch.rows);
+        union_scratch.rows = m;
+        union_scratch.vp = (const float **)(void *)m;
+        union_scratch.vb = (const uint8_t **)(void *)(m += nr * sizeof(void *));
+        int *ints = (int *)(void *)(m + nr * sizeof(void *));
+        union_scratch.upos = ints;
+        union_scratch.usrc = ints + nr;
+        union_scratch.vis0 = ints + 2 * nr;
+        union_scratch.vis1 = ints + 3 * nr;
+        union_scratch.dup = ints + 4 * nr;
+        union_scratch.vt = (uint8_t *)(ints + 5 * nr);
+        union_scratch.uband = union_scratch.vt + nr;
+        union_scratch.rows_cap = nr;
     }
     return chunk_reserve(c, n);
 }
@@ -1221,15 +1215,14 @@ static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const fl
                 for (int g = 0; g < n_kv; g++) {
                     const KVLane *ln = &lanes[g];
                     const int *dup = union_scratch.dup + (size_t)g * W, *vis0 = union_scratch.vis0 + (size_t)g * W;
-                    int bad = ln->n_live != live0[g] + u + 1 ? 0 : -1;
+                    int bad = -1;
                     for (int x = 0; x < n_dup[g] && bad < 0; x++) {
                         int r = dup[x] + (u >= vis0[dup[x] + 1]);   /* the row token u sees */
                         if (kv_slot_band(ln, ln->live[usrc[(size_t)g * W + r]]) != uband[(size_t)g * W + r]) bad = r;
                     }
-                    if (bad >= 0) {
-                        fprintf(stderr, "kv: layer %d kv head %d at position %d: %d tokens, band %d of rank %d, not as "
-                                "the chunk predicted\n", l, g, pos0 + u, ln->n_live, uband[(size_t)g * W + bad],
-                                usrc[(size_t)g * W + bad]);
+                    if (ln->n_live != live0[g] + u + 1 || bad >= 0) {
+                        fprintf(stderr, "kv: layer %d kv head %d at position %d holds %d tokens (%d predicted)%s\n", l,
+                                g, pos0 + u, ln->n_live, live0[g] + u + 1, bad >= 0 ? ", a rank in another band" : "");
                         abort();
                     }
                 }
@@ -1285,10 +1278,7 @@ static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const fl
                         union_scratch.vt + (size_t)g * W, &vr, g, n0[g], u0, u1, nh, G, hd);
         }
     }
-    /* as after kv_attend_cpu, c->scores holds the last token's probabilities (the evicting steps left them there) */
-    if (banded && !rc)
-        for (int h = 0; h < nh; h++)
-            memcpy(scores + (size_t)h * B, Pr + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
+    if (banded && !rc) chunk_last_scores(c, scores, Pr, l, n);   /* the evicting steps left them in c->scores */
     return rc;
 }
 

@@ -137,7 +137,9 @@ typedef struct {
     int ctx;
     int pos0;               /* position of the chunk's first token */
     int *spans;             /* (2 * the largest budget) scratch of kv_lane_read */
-    double *group_prob;     /* (ctx) scratch: one GQA group's mean probabilities, for the top-B recall */
+    double *group_prob;     /* (threads, ctx) scratch: one GQA group's mean probabilities, for the top-B recall */
+    int *topk_B, n_topk;    /* the policies' distinct budgets B */
+    double *topk;           /* (chunk, n_topk) the top-B recall of each token of the chunk at the current layer */
 } EvalCtx;
 
 typedef struct { EvalCtx *e; PolicyRun *r; } HookCtx;
@@ -148,14 +150,22 @@ static void eval_ctx_init(EvalCtx *e, const Model *m, PolicyRun *runs, int n_run
     int most = 0;
     for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;
     *e = (EvalCtx){m, &runs[0], calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float)), ctx, 0,
-                   calloc((size_t)2 * most, sizeof(int)), calloc((size_t)ctx, sizeof(double))};
-    if (!e->shadow_prob || !e->spans || !e->group_prob)
+                   calloc((size_t)2 * most, sizeof(int)), calloc((size_t)run_threads() * ctx, sizeof(double)),
+                   calloc((size_t)n_runs, sizeof(int)), 0, calloc((size_t)chunk * n_runs, sizeof(double))};
+    for (int k = 1; e->topk_B && k < n_runs; k++) {
+        int B = runs[k].cache.policy.budget, seen = 0;
+        for (int i = 0; i < e->n_topk; i++) seen |= e->topk_B[i] == B;
+        if (!seen) e->topk_B[e->n_topk++] = B;
+    }
+    if (!e->shadow_prob || !e->spans || !e->group_prob || !e->topk_B || !e->topk)
         fatal("out of memory for the shadow's attention (%d tokens)", ctx);
 }
 static void eval_ctx_free(EvalCtx *e) {
     free(e->shadow_prob);
     free(e->spans);
     free(e->group_prob);
+    free(e->topk_B);
+    free(e->topk);
 }
 
 /* A per-lane-and-step counter of the cache per query (one query of a lane per token: GQA's heads share it). */
@@ -223,13 +233,14 @@ static double top_sum(double *x, int n, int k) {
     return sum;
 }
 
-/* The top-B recall of layer l at pos: per GQA group, the mass of the shadow's mean probability on its B most
- * attended positions (B = the policy's budget; every position while pos < B), the mean over the groups. */
-static double recall_topk(EvalCtx *e, const KVCache *c, const float *sp, int pos) {
-    int H = c->shape.n_heads, G = c->shape.n_kv_heads, group = H / G, n = pos + 1, B = c->policy.budget;
+/* The top-B recall at pos of the shadow's probabilities sp (n_heads rows of ctx): per GQA group, the mass of the
+ * shadow's mean probability on its B most attended positions (every position while pos < B), the mean over the
+ * groups. x: ctx doubles of scratch. */
+static double recall_topk(const EvalCtx *e, const float *sp, int pos, int B, double *x) {
+    const Config *cf = &e->m->config;
+    int H = cf->n_heads, G = cf->n_kv_heads, group = H / G, n = pos + 1;
     double sum = 0;
     for (int g = 0; g < G; g++) {
-        double *x = e->group_prob;
         for (int p = 0; p < n; p++) x[p] = 0;
         for (int hh = 0; hh < group; hh++) {
             const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
@@ -238,6 +249,30 @@ static double recall_topk(EvalCtx *e, const KVCache *c, const float *sp, int pos
         sum += top_sum(x, n, B < n ? B : n) / group;
     }
     return sum / G;
+}
+
+/* After the shadow attended the chunk's first nt tokens at a layer: the top-B recall of each (token, policy budget),
+ * which depends on nothing but the shadow's probabilities, the position and B, so the policies that share a budget
+ * (a grid's window, sink, h2o ... at B) read one figure, computed here in parallel rather than in each policy's
+ * hook, on the thread that runs the policy's steps (the same function, the same bits). */
+static void topk_layer(EvalCtx *e, int nt) {
+    int H = e->m->config.n_heads;
+    #pragma omp parallel for schedule(dynamic)
+    for (int x = 0; x < nt * e->n_topk; x++) {
+        int u = x / e->n_topk, B = e->topk_B[x % e->n_topk], pos = e->pos0 + u, tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        e->topk[x] = B <= pos && pos < e->ctx ? recall_topk(e, e->shadow_prob + (size_t)u * H * e->ctx, pos, B,
+                                                            e->group_prob + (size_t)tid * e->ctx) : 1;
+    }
+}
+
+/* The top-B recall topk_layer computed for this token and c's budget */
+static double topk_of(const EvalCtx *e, const KVCache *c, int pos) {
+    int i = 0;
+    while (e->topk_B[i] != c->policy.budget) i++;   /* every policy's budget is in the list */
+    return e->topk[(size_t)(pos - e->pos0) * e->n_topk + i];
 }
 
 /* ---- merge-on-evict's coverage (eval.h, EvalCover) ---- */
@@ -319,7 +354,7 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
         }
         hc->r->recall[l] += sum / G;
         hc->r->cur_recall[pos - e->pos0] += sum / G;
-        hc->r->recall_topk[l] += c->policy.budget <= pos ? recall_topk(e, c, sp, pos) : 1;
+        hc->r->recall_topk[l] += topk_of(e, c, pos);
         if (l == 0) hc->r->recall_n++;
         return;
     }
@@ -350,8 +385,7 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
     }
     hc->r->recall[l] += sum / G;
     hc->r->cur_recall[pos - e->pos0] += sum / G;
-    if (c->policy.budget <= pos) hc->r->recall_topk[l] += recall_topk(e, c, sp, pos);
-    else hc->r->recall_topk[l] += 1;   /* every position fits in B: all the mass (full; a cache still filling) */
+    hc->r->recall_topk[l] += topk_of(e, c, pos);   /* 1 while pos < B: all the mass (full; a cache filling) */
     if (l == 0) hc->r->recall_n++;
 }
 
@@ -679,6 +713,7 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                     double a = now_s();
                     if (forward_layer((Model *)m, &runs[k].s, &runs[k].cache, l))
                         fatal("'%s' could not store position %ld", runs[k].cache.spec.text, t0);
+                    if (runs[k].is_shadow) topk_layer(e, nt_run[k]);   /* the shadow's time: it is the reference's */
                     runs[k].seconds += now_s() - a;
                 }
             for (int k = 0; k < n_runs; k++)
@@ -891,7 +926,7 @@ int run_ppl(Model *m, const Options *o) {
             runs[k].bucket = calloc((size_t)runs[k].n_bucket, sizeof *runs[k].bucket);
             if (!runs[k].bucket) fatal("out of memory");
         }
-    EvalCtx e = {m, NULL, NULL, ctx, 0, NULL, NULL};
+    EvalCtx e = {.m = m, .ctx = ctx};
     if (!chunked) eval_ctx_init(&e, m, runs, n_runs, ctx, chunk);
     OutFile tokenlog = OUTFILE_NONE, out = OUTFILE_NONE, kvlog = OUTFILE_NONE;
     if (o->tokenlog) outfile_open(&tokenlog, "-tokenlog", o->tokenlog, 0);

@@ -34,7 +34,7 @@ snapshot() { git status --porcelain --ignored -- report/ 2>/dev/null; ls -la rep
 before=$(snapshot)
 
 # --- where the output goes ---
-plan default
+plan default REPORT_FORCE=1   # FORCE: every command printed, whatever report/ holds from an earlier run
 check default "default (full grid): REPORT.md and plots to build/report/, data in report/" 0 \
     "report: output: build/report/REPORT.md and build/report/*.png" "data: report/*.dat" "-o report/main.dat" \
     "report: dry run (REPORT_DRY_RUN=1)"

@@ -2,11 +2,11 @@
 # make report: kvlab's evaluation of KV-cache policies on SmolLM2-135M-Instruct and the Debian Reference text, written
 # as REPORT.md with PNG plots (gnuplot). Issue 5, item 6.
 #
-#   make report                       the full grid (REPORT_TOKENS=8192 tokens; the first four steps take about 80
+#   make report                       the full grid (REPORT_TOKENS=8192 tokens; the first four steps take about 27
 #                                     minutes on 2 cores, select and tiers a few more, passkey_sel's dense 8,192-token
-#                                     prompts most likely an hour: the estimate printed first says what this machine
-#                                     expects), written to build/report/: the committed report/ changes only with
-#                                     REPORT_OUT=report
+#                                     prompts and compress most likely another hour: the estimate printed first says
+#                                     what this machine expects), written to build/report/: the committed report/
+#                                     changes only with REPORT_OUT=report
 #   REPORT_OUT=report make report     the full grid, replacing the committed report/REPORT.md and report/*.png
 #   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384 and -c 1024) to test
 #                                     the script (about 10 minutes on 2 cores), written to build/report-quick/

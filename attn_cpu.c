@@ -1,6 +1,6 @@
 /* attn_cpu.c: the fast CPU attention, steps 3 (and 4, through kv_attend_policy) of kv.h for one token
  * (kv_attend_cpu) or a chunk of one stream's consecutive tokens (kv_attend_chunk, prefill and batched evaluation):
- * key panels, score tiles, softmax and weighted-sum kernels, AVX/AVX2 with a portable C twin of the same order, split
+ * 16-lane score trees, softmax and weighted-sum kernels, AVX-512/AVX2 with a portable C twin of the same order, split
  * over OpenMP threads in pieces whose arithmetic does not depend on the split. Every result is defined by an order of
  * operations, so it gives the same bits for any build, thread count or chunking (tests/test_kv_portable.sh), and is
  * checked against kv_attend_ref, the definition, within a bound derived from f32 rounding (tests/test_attn_ref.c).
@@ -24,115 +24,167 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Attention scores. A score is q·k summed in increasing d, 0 + q_0·k_0 + q_1·k_1 + ..., each term a multiply then an
- * add (no fused multiply-add), then times 1/√head_dim: the naive loop's order, with or without AVX, so a score's bits
- * never depend on the build, the thread count or how the work is split. The vector code keeps that order without a
- * horizontal sum: a block of up to KV_KEY_BLOCK keys is first laid out dimension-major in panels of KT_PANEL keys
- * (keys_pack), so the sums of 8 keys advance side by side in one register, one dimension at a time
- * (scores_panel). */
-#define KT_PANEL 16       /* keys per panel: two registers of sums per query */
+/* Attention scores. A score is q·k in a fixed order of f32 operations, each term a multiply then an add (no fused
+ * multiply-add), the same with or without vector instructions, so its bits never depend on the build, the thread
+ * count or how the work is split. Dimension d goes to lane d mod 16; lane j holds q_j·k_j + q_(j+16)·k_(j+16) + ...
+ * (in increasing d, from its first product; a lane with no dimension, j ≥ head_dim, holds 0), and the 16 lanes are
+ * added as a tree: x_j = a_j + a_(j+8), y_j = x_j + x_(j+4), z_j = y_j + y_(j+2), s = z_0 + z_1; the score is
+ * s·(1/√head_dim). That is a 16-wide (or two 8-wide) vector dot product of one key, so the key is read in place, in
+ * its row, and 16 keys' sums are reduced together by a transposing tree (no horizontal sum per key and no repacking
+ * of the keys: decode at long contexts is bound by reading them). Its error against the exact dot product is within
+ * the bound tests/test_attn_ref.c checks (at most ⌈head_dim/16⌉ + 3 roundings along any term's path, fewer than the
+ * head_dim of a sum in d order). */
+#define SCORE_LANES 16
 
-/* kt = the nk keys kp[0..nk) in panels: panel p holds keys 16p..16p+15 as (head_dim, 16), kt[p·16·hd + d·16 + i] =
- * kp[16p + i][d]; a last short panel is filled up with copies of its first key (scored, never stored). nk ≤
- * KV_KEY_BLOCK; kt: round_up(nk, 16)·hd floats, 32-byte aligned. */
-static void keys_pack(float *kt, const float *const *kp, int nk, int hd) {
-    for (int p = 0; p < nk; p += KT_PANEL) {
-        float *dst = kt + (size_t)p * hd;
-        const float *k[KT_PANEL];
-        for (int i = 0; i < KT_PANEL; i++) k[i] = kp[p + (p + i < nk ? i : 0)];
-        int d = 0;
-#ifdef __AVX__
-        /* 8 keys x 8 dimensions at a time: an 8 x 8 transpose in registers */
-        for (; d + 8 <= hd; d += 8)
-            for (int h = 0; h < KT_PANEL; h += 8) {
-                __m256 r[8], t[8];
-                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k[h + i] + d);
-                for (int i = 0; i < 8; i += 2) {
-                    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);       /* k_i d0, k_i+1 d0, k_i d1, k_i+1 d1 | d4.. */
-                    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);   /* d2, d3 | d6, d7 */
-                }
-                for (int i = 0; i < 8; i += 4)
-                    for (int j = 0; j < 2; j++) {
-                        r[i + 2 * j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);       /* 4 keys at d0 | d4 */
-                        r[i + 2 * j + 1] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);   /* d1 | d5 */
-                    }
-                /* r[0..3]: keys 0-3 at d0, d1, d2, d3 (low) and d4..d7 (high); r[4..7]: keys 4-7 */
-                for (int i = 0; i < 4; i++) {
-                    float *lo = dst + (size_t)(d + i) * KT_PANEL + h, *hi = lo + 4 * KT_PANEL;   /* d + i, d + i + 4 */
-                    _mm256_storeu_ps(lo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-                    _mm256_storeu_ps(hi, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-                }
+/* The scalar definition: one score (unscaled), for any head_dim */
+static inline float dot_lanes(const float *q, const float *k, int hd) {
+    float a[SCORE_LANES];
+    for (int j = 0; j < SCORE_LANES; j++) {
+        a[j] = j < hd ? q[j] * k[j] : 0.0f;
+        for (int d = j + SCORE_LANES; d < hd; d += SCORE_LANES) a[j] += q[d] * k[d];
+    }
+    for (int w = SCORE_LANES / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) a[j] = a[j] + a[j + w];
+    return a[0];
+}
+
+#ifdef __AVX512F__
+/* Lane sums of one key (16 lanes in one register) against a query held in registers (hd = 16·C) */
+static inline __attribute__((always_inline)) __m512 lanes16(const __m512 *qv, const float *k, int C) {
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+    for (int c = 1; c < C; c++) a = _mm512_add_ps(a, _mm512_mul_ps(qv[c], _mm512_loadu_ps(k + 16 * c)));
+    return a;
+}
+/* 16 keys' lane sums a[0..16) to their 16 sums (lane i: key i), each by the tree above: the pairs (j, j+8), (j, j+4),
+ * (j, j+2), (j, j+1) added while the registers are transposed; the last step leaves key 4r + q at lane 4q + r. */
+static inline __m512 tree16(__m512 *a) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++)   /* b[i]: keys 2i, 2i+1 (256 bits each), x_0..x_7 */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)   /* c[i]: keys 4i..4i+3 (128 bits each), y_0..y_3 */
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)   /* d[i], 128-bit lane q: z_0, z_1 of key 8i+q, then of key 8i+4+q */
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+    __m512 s = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+    const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(back, s);
+}
+#elif defined(__AVX2__)
+/* Lane sums of one key, folded once: x_j = a_j + a_(j+8) for j < 8 (lanes 0-7 from the even 8-float pieces of the
+ * row, 8-15 from the odd ones), hd = 16·C */
+static inline __attribute__((always_inline)) __m256 lanes8(const __m256 *qv, const float *k, int C) {
+    __m256 lo = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k)), hi = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k + 8));
+    for (int c = 1; c < C; c++) {
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(qv[2 * c], _mm256_loadu_ps(k + 16 * c)));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(qv[2 * c + 1], _mm256_loadu_ps(k + 16 * c + 8)));
+    }
+    return _mm256_add_ps(lo, hi);
+}
+/* 8 keys' folded sums x[0..8) to their 8 sums (lane i: key i): the pairs (j, j+4), (j, j+2), (j, j+1) */
+static inline __m256 tree8(__m256 *x) {
+    __m256 b[4], c[2];
+    for (int i = 0; i < 4; i++)   /* b[i]: keys 2i, 2i+1 (128 bits each), y_0..y_3 */
+        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)   /* c[i], 128-bit lane h: z_0, z_1 of key 4i+h, then of key 4i+2+h */
+        c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    __m256 s = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+    return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));   /* key 2r + h was at 4h + r */
+}
+#endif
+
+/* out[i] = scale·(q·kp[i]) for one query and nk keys (the order above). C = head_dim / 16 a constant in the
+ * vector cases, so the query stays in registers. */
+static inline __attribute__((always_inline)) void scores_one(float *out, const float *q, const float *const *kp,
+                                                             int nk, int hd, float scale, int C) {
+    int i = 0;
+#ifdef __AVX512F__
+    if (C > 0 && C <= 8) {
+        __m512 qv[8], a[16], sc = _mm512_set1_ps(scale);
+        for (int c = 0; c < C; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
+        for (; i + 16 <= nk; i += 16) {
+            for (int k = 0; k < 16; k++) a[k] = lanes16(qv, kp[i + k], C);
+            _mm512_storeu_ps(out + i, _mm512_mul_ps(tree16(a), sc));
+        }
+        if (i < nk) {   /* a short group: the missing keys repeat the group's first (scored, not stored) */
+            float s[16];
+            for (int k = 0; k < 16; k++) a[k] = lanes16(qv, kp[i + (i + k < nk ? k : 0)], C);
+            _mm512_storeu_ps(s, _mm512_mul_ps(tree16(a), sc));
+            memcpy(out + i, s, (size_t)(nk - i) * sizeof(float));
+        }
+        return;
+    }
+#elif defined(__AVX2__)
+    if (C > 0 && C <= 4) {
+        __m256 qv[8], x[8], sc = _mm256_set1_ps(scale);
+        for (int c = 0; c < 2 * C; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);
+        for (; i + 8 <= nk; i += 8) {
+            for (int k = 0; k < 8; k++) x[k] = lanes8(qv, kp[i + k], C);
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(tree8(x), sc));
+        }
+        if (i < nk) {
+            float s[8];
+            for (int k = 0; k < 8; k++) x[k] = lanes8(qv, kp[i + (i + k < nk ? k : 0)], C);
+            _mm256_storeu_ps(s, _mm256_mul_ps(tree8(x), sc));
+            memcpy(out + i, s, (size_t)(nk - i) * sizeof(float));
+        }
+        return;
+    }
+#endif
+    (void)C;
+    for (; i < nk; i++) out[i] = dot_lanes(q, kp[i], hd) * scale;
+}
+
+#ifdef __AVX512F__
+/* scores_one for two queries at once, C ≤ 4: each key is loaded once for both, 8 keys a time (the tree's 16 inputs:
+ * keys 0-7 against query 0, then against query 1) */
+static inline __attribute__((always_inline)) void scores_two(float *const *out, const float *const *q,
+                                                             const float *const *kp, int nk, float scale, int C) {
+    __m512 q0[4], q1[4], a[16], sc = _mm512_set1_ps(scale);
+    for (int c = 0; c < C; c++) { q0[c] = _mm512_loadu_ps(q[0] + 16 * c); q1[c] = _mm512_loadu_ps(q[1] + 16 * c); }
+    for (int i = 0; i < nk; i += 8) {
+        for (int k = 0; k < 8; k++) {
+            const float *key = kp[i + (i + k < nk ? k : 0)];   /* a short group repeats its first key (not stored) */
+            __m512 x = _mm512_loadu_ps(key);
+            a[k] = _mm512_mul_ps(q0[0], x);
+            a[8 + k] = _mm512_mul_ps(q1[0], x);
+            for (int c = 1; c < C; c++) {
+                x = _mm512_loadu_ps(key + 16 * c);
+                a[k] = _mm512_add_ps(a[k], _mm512_mul_ps(q0[c], x));
+                a[8 + k] = _mm512_add_ps(a[8 + k], _mm512_mul_ps(q1[c], x));
             }
-#endif
-        for (; d < hd; d++)
-            for (int i = 0; i < KT_PANEL; i++) dst[(size_t)d * KT_PANEL + i] = k[i][d];
+        }
+        __m512 s = _mm512_mul_ps(tree16(a), sc);
+        __mmask16 m = (__mmask16)(nk - i < 8 ? (1u << (nk - i)) - 1 : 0xFF);
+        _mm512_mask_storeu_ps(out[0] + i, m, s);
+        _mm512_mask_storeu_ps(out[1] + i - 8, (__mmask16)(m << 8), s);
     }
 }
-
-/* out[f][i] = scale·(q[f]·key i) for NQ ≤ 4 queries and the m ≤ 16 keys of one panel kt (keys_pack's layout). */
-static inline __attribute__((always_inline)) void scores_panel_n(float *const *out, const float *const *q,
-                                                                 const float *kt, int m, int hd, float scale,
-                                                                 int NQ) {
-    float s[4][KT_PANEL];
-#ifdef __AVX__
-    /* named sums, not an array: the compiler keeps them in registers */
-    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
-    for (int d = 0; d < hd; d++) {
-        __m256 k0 = _mm256_load_ps(kt + (size_t)d * KT_PANEL), k1 = _mm256_load_ps(kt + (size_t)d * KT_PANEL + 8), b;
-        __asm__("" : "+x"(k0), "+x"(k1));   /* kept in registers: else GCC reloads them as operands of every multiply */
-#define SCORE_QUERY(f, s0, s1)                                    \
-        if (NQ > f) {                                             \
-            b = _mm256_broadcast_ss(q[f] + d);                    \
-            s0 = _mm256_add_ps(s0, _mm256_mul_ps(b, k0));         \
-            s1 = _mm256_add_ps(s1, _mm256_mul_ps(b, k1));         \
-        }
-        SCORE_QUERY(0, a00, a01) SCORE_QUERY(1, a10, a11) SCORE_QUERY(2, a20, a21) SCORE_QUERY(3, a30, a31)
-#undef SCORE_QUERY
-    }
-    __m256 sc = _mm256_set1_ps(scale), a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-    for (int f = 0; f < NQ; f++) {
-        float *o = m == KT_PANEL ? out[f] : s[f];
-        _mm256_storeu_ps(o, _mm256_mul_ps(a[f][0], sc));
-        _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[f][1], sc));
-    }
-    if (m == KT_PANEL) return;
-#else
-    for (int f = 0; f < NQ; f++)
-        for (int i = 0; i < m; i++) {
-            float acc = 0;
-            for (int d = 0; d < hd; d++) acc += q[f][d] * kt[(size_t)d * KT_PANEL + i];
-            s[f][i] = acc * scale;
-        }
 #endif
-    for (int f = 0; f < NQ; f++) memcpy(out[f], s[f], (size_t)m * sizeof(float));
-}
 
-/* scores_panel_n with the number of queries a constant, so each case keeps its sums in registers */
-static void scores_panel(float *const *out, const float *const *q, int nq, const float *kt, int m, int hd,
+/* A 64-byte aligned pointer into a scratch array of 16 floats more than it needs (keys decoded there are read a
+ * cache line at a time, never across two) */
+static inline float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+/* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, read in place
+ * (f32 rows). The block's keys stay in L1 while the queries pass over them; head_dim 64 (4 registers of 16 lanes)
+ * has its own case, other multiples of 16 the general vector one, the rest the scalar definition. */
+static void block_scores(float *const *out, const float *const *q, int nq, const float *const *kp, int nk, int hd,
                          float scale) {
-    switch (nq) {
-    case 1: scores_panel_n(out, q, kt, m, hd, scale, 1); break;
-    case 2: scores_panel_n(out, q, kt, m, hd, scale, 2); break;
-    case 3: scores_panel_n(out, q, kt, m, hd, scale, 3); break;
-    default: scores_panel_n(out, q, kt, m, hd, scale, 4); break;
-    }
-}
-
-/* A 32-byte aligned pointer into a scratch array of 8 floats more than it needs (panels are read with aligned loads) */
-static inline float *align32(float *p) { return (float *)(((uintptr_t)p + 31) & ~(uintptr_t)31); }
-
-/* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, the keys packed
- * into kt first (keys_pack). Four queries at a time sweep the block's panels, which stay in L1. */
-static void block_scores(float *const *out, const float *const *q, int nq, float *kt, const float *const *kp, int nk,
-                         int hd, float scale) {
-    keys_pack(kt, kp, nk, hd);
-    for (int f = 0; f < nq; f += 4) {
-        int nf = nq - f < 4 ? nq - f : 4;
-        for (int p = 0; p < nk; p += KT_PANEL) {
-            float *o[4];
-            for (int x = 0; x < nf; x++) o[x] = out[f + x] + p;
-            scores_panel(o, q + f, nf, kt + (size_t)p * hd, nk - p < KT_PANEL ? nk - p : KT_PANEL, hd, scale);
-        }
+    int C = hd % SCORE_LANES ? 0 : hd / SCORE_LANES, f = 0;
+#ifdef __AVX512F__
+    if (C == 4)
+        for (; f + 2 <= nq; f += 2) scores_two(out + f, q + f, kp, nk, scale, 4);
+    else if (C > 0 && C < 4)
+        for (; f + 2 <= nq; f += 2) scores_two(out + f, q + f, kp, nk, scale, C);
+#endif
+    for (; f < nq; f++) {
+        if (C == 4) scores_one(out[f], q[f], kp, nk, hd, scale, 4);
+        else scores_one(out[f], q[f], kp, nk, hd, scale, C);
     }
 }
 
@@ -411,8 +463,8 @@ static int grow_ints(int **buf, size_t *cap, size_t n) {
 /* Step 3 in three phases, each split over the threads in pieces whose arithmetic does not depend on the split, so
  * any thread count gives the same bits:
  *   scores   per (lane, block of 64 live slots): each key decoded/rotated once for the whole GQA group, the block
- *            scored against every query head of the group (block_scores; values decoded there too, when they are
- *            not f32);
+ *            scored against every query head of the group (block_scores; the values only located there: they are
+ *            read as stored in the output phase);
  *   softmax  per query head: max, exp, sum and normalization in rank order;
  *   output   per (lane, value block): the block's Σ_i p_hi v_i for the group's heads (each value row read once for
  *            the group, whole rows of consecutive slots), then per query head the blocks' sums added in order (the
@@ -469,14 +521,15 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             int g = item / blocks, i0 = item % blocks * KV_KEY_BLOCK, n = lanes[g].n_live;
             int i1 = i0 + KV_KEY_BLOCK < n ? i0 + KV_KEY_BLOCK : n;
             if (i1 <= i0) continue;   /* this lane is shorter than the layer's longest */
-            /* this thread's scratch, in L1 for the block: decoded (or rotated) keys and their panels */
-            float kmem[KV_KEY_BLOCK * hd + 8], tmem[KV_KEY_BLOCK * hd + 8];
-            float *kx = align32(kmem), *kt = align32(tmem);
+            /* this thread's scratch, in L1 for the block: the keys that had to be decoded or rotated (f32 keys are
+               read in place) */
+            float kmem[KV_KEY_BLOCK * hd + 16];
+            float *kx = align64(kmem);
             const float *kp[KV_KEY_BLOCK];
             const uint8_t **vb = c->vrow + (size_t)g * budget;
             uint8_t *vt = c->vrow_type + (size_t)g * budget;
             /* ask for the block's stored keys now, all at once, rather than one miss at a time in the decoding or the
-               packing */
+               scoring */
             for (int i = i0; i < i1; i++) {
                 int slot = lanes[g].live[i];
                 const uint8_t *kb = kv_slot_k(c, &lanes[g], slot);
@@ -492,7 +545,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                 qg[hh] = c->qbuf + (size_t)(g * group + hh) * hd;
                 sg[hh] = c->scores + (size_t)(g * group + hh) * budget + i0;
             }
-            block_scores(sg, qg, group, kt, kp, i1 - i0, hd, scale);
+            block_scores(sg, qg, group, kp, i1 - i0, hd, scale);
         }
         #pragma omp for schedule(static)
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
@@ -808,8 +861,7 @@ static void chunk_block_scores(float *P, size_t ld, const float *Q, const float 
         qf[f - f0] = Q + row * hd;
         of[f - f0] = P + row * ld + j0;
     }
-    float tmem[KV_KEY_BLOCK * hd + 8];   /* this thread's panels, in L1 for the block */
-    block_scores(of, qf, nf - f0, align32(tmem), kp, j1 - j0, hd, scale);
+    block_scores(of, qf, nf - f0, kp, j1 - j0, hd, scale);
 }
 
 /* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:
@@ -1162,11 +1214,11 @@ static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const fl
                into the band the row stands for), then the chunk's new ones as they will be stored; every value
                decoded into the scratch */
             const KVLane *ln = &lanes[g];
-            float kmem[KV_KEY_BLOCK * hd + 8];
+            float kmem[KV_KEY_BLOCK * hd + 16];
             const float *kp[KV_KEY_BLOCK];
             for (int j = j0; j < j1; j++) {
                 size_t row = (size_t)g * W + j;
-                float *kx = align32(kmem) + (size_t)(j - j0) * hd, *vx = union_scratch.v + row * hd;
+                float *kx = align64(kmem) + (size_t)(j - j0) * hd, *vx = union_scratch.v + row * hd;
                 const float *vv;
                 int r = usrc[row];
                 if (r < live0[g]) {

@@ -152,7 +152,7 @@ static inline void kv_decode_inline(float *x, KVType ty, const uint8_t *src, int
  * group) or decoded from its band's key form, then, under pos=cache, rotated by its rank i (the table c->rope_cs,
  * = kv_rope_cs(i)); under pos=orig it was rotated by its position when stored. Returns a pointer into the cache (f32,
  * pos=orig) or x (head_dim) when it had to be decoded or rotated. Inline: the fast path calls it once per key. */
-static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
+static inline __attribute__((always_inline)) const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i, float *x) {
     if (c->krank) return kv_lowrank_key(c, ln, i, x);
     int slot = ln->live[i], hd = c->shape.head_dim, b = kv_slot_band(ln, slot);
     const uint8_t *src = kv_slot_k(c, ln, slot);
@@ -167,7 +167,7 @@ static inline const float *kv_lane_key(const KVCache *c, const KVLane *ln, int i
 
 /* The lane's i-th live value as stored, for kernels that decode in registers (attn_cpu.c's decode step): its bytes,
  * its type in *ty. A low-rank value has no stored f32 form: it is reconstructed into x (head_dim) and *ty = KV_F32. */
-static inline const uint8_t *kv_lane_value_stored(const KVCache *c, const KVLane *ln, int i, float *x, uint8_t *ty) {
+static inline __attribute__((always_inline)) const uint8_t *kv_lane_value_stored(const KVCache *c, const KVLane *ln, int i, float *x, uint8_t *ty) {
     if (c->vrank) { *ty = KV_F32; return (const uint8_t *)(const void *)kv_lowrank_value(c, ln, i, x); }
     int slot = ln->live[i];
     *ty = (uint8_t)c->band_vtype[kv_slot_band(ln, slot)];

@@ -1663,8 +1663,8 @@ static void chan_quantize(KVCache *c, KVLane *ln, int b, int j, const float *src
         float mn = INFINITY, mx = -INFINITY;
         for (int i = 0; i < rows; i++)
             if (ln->pos[s0 + i] >= 0) {
-                mn = fminf(mn, src[(size_t)i * hd + e]);
-                mx = fmaxf(mx, src[(size_t)i * hd + e]);
+                mn = kv_min_tie_first(mn, src[(size_t)i * hd + e]);
+                mx = kv_max_tie_first(mx, src[(size_t)i * hd + e]);
             }
         if (mn > mx) return;   /* no live row: nothing to code */
         uint16_t mh, dh;

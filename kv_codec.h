@@ -145,6 +145,11 @@ static inline KV_HD void kv_minscale(float mn, float mx, int qmax, uint16_t *mh,
     while ((double)d * qmax < range && h < KV_F16_MAX_BITS) d = kv_f16_to_f32(++h);
     *dh = h;
 }
+/* The smaller (larger) of a and b, a when they compare equal: -0 and +0 are equal, and fminf/fmaxf may return either
+ * (the compiler's choice, which moved with an unrelated inlining change), so a group of -0 and +0 would store a
+ * minimum of either sign. With these the first element seen wins, in every build and on the device. */
+static inline KV_HD float kv_min_tie_first(float a, float b) { return b < a ? b : a; }
+static inline KV_HD float kv_max_tie_first(float a, float b) { return b > a ? b : a; }
 /* The code of x with minimum m and scale d: round((x - m)/d) in 0..qmax (0 when d = 0). */
 static inline KV_HD int kv_code(float x, float m, float d, int qmax) {
     float v = d > 0 ? roundf((x - m) / d) : 0.0f;
@@ -187,7 +192,7 @@ static inline KV_HD void kv_encode_unit(uint8_t *dst, int ty, const float *x, in
     case KV_Q4: case KV_Q2: {
         const float *xg = x + (size_t)u * G;
         float mn = xg[0], mx = xg[0];
-        for (int j = 1; j < G; j++) { mn = fminf(mn, xg[j]); mx = fmaxf(mx, xg[j]); }
+        for (int j = 1; j < G; j++) { mn = kv_min_tie_first(mn, xg[j]); mx = kv_max_tie_first(mx, xg[j]); }
         uint16_t mh, h;
         kv_minscale(mn, mx, ty == KV_Q4 ? 15 : 3, &mh, &h);
         float m = kv_f16_to_f32(mh), d = kv_f16_to_f32(h);

@@ -161,7 +161,7 @@ static inline __attribute__((always_inline)) void scores_two(float *const *out, 
         __m512 s = _mm512_mul_ps(tree16(a), sc);
         __mmask16 m = (__mmask16)(nk - i < 8 ? (1u << (nk - i)) - 1 : 0xFF);
         _mm512_mask_storeu_ps(out[0] + i, m, s);
-        _mm512_mask_storeu_ps(out[1] + i - 8, (__mmask16)(m << 8), s);
+        _mm512_mask_storeu_ps(out[1] + i, m, _mm512_shuffle_f32x4(s, s, 0xEE));   /* lanes 8-15 moved down */
     }
 }
 #endif

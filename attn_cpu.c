@@ -32,8 +32,8 @@
  * s·(1/√head_dim). That is a 16-wide (or two 8-wide) vector dot product of one key, so the key is read in place, in
  * its row, and 16 keys' sums are reduced together by a transposing tree (no horizontal sum per key and no repacking
  * of the keys: decode at long contexts is bound by reading them). Its error against the exact dot product is within
- * the bound tests/test_attn_ref.c checks (at most ⌈head_dim/16⌉ + 3 roundings along any term's path, fewer than the
- * head_dim of a sum in d order). */
+ * the bound tests/test_attn_ref.c checks (at most ⌈head_dim/16⌉ + 4 roundings along any term's path before the
+ * scaling, fewer than the head_dim + 1 of a sum in d order). */
 #define SCORE_LANES 16
 
 /* The scalar definition: one score (unscaled), for any head_dim */

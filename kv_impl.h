@@ -78,24 +78,6 @@ static inline __attribute__((always_inline)) void kv_decode16(float *out, int ty
         }
         return;
     }
-#ifdef __AVX512F__
-    if (Gc % 16 == 0 && ty == KV_Q8) {   /* the same multiply, 16 lanes at once */
-        const uint8_t *u = b + (size_t)(d0 / Gc) * (2 + Gc);
-        __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(u + 2 + d0 % Gc)));
-        _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_set1_ps(kv_f16_scale(u)), _mm512_cvtepi32_ps(q)));
-        return;
-    }
-    if (Gc % 32 == 0 && ty == KV_Q4) {
-        const uint8_t *u = b + (size_t)(d0 / Gc) * (4 + Gc / 2);
-        int j0 = d0 % Gc, hi = j0 >= Gc / 2;
-        __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(u + 4 + j0 - (hi ? Gc / 2 : 0)));
-        q = _mm_and_si128(hi ? _mm_srli_epi16(q, 4) : q, _mm_set1_epi8(15));
-        __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(kv_f16_scale(u)), x),
-                                            _mm512_set1_ps(kv_f16_scale(u + 2))));
-        return;
-    }
-#endif
     if (Gc % 16 == 0 && ty == KV_Q8) {
         const uint8_t *u = b + (size_t)(d0 / Gc) * (2 + Gc);
         __m256 d = _mm256_set1_ps(kv_f16_scale(u));

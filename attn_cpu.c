@@ -49,10 +49,19 @@ static inline float dot_lanes(const float *q, const float *k, int hd) {
 }
 
 #ifdef __AVX512F__
+/* Columns 16c .. 16c+15 of a key in its stored form ty: an f32 row read in place, or a q8 row (codec group Gc, a
+ * multiple of 16) decoded in registers to the bits kv_decode gives (the group's f16 scale times the widened integer,
+ * one rounding), so that a q8 key is scored without a round trip through a buffer */
+static inline __attribute__((always_inline)) __m512 key16(const void *k, int c, int ty, int Gc) {
+    if (ty != KV_Q8) return _mm512_loadu_ps((const float *)k + 16 * c);
+    const uint8_t *u = (const uint8_t *)k + (size_t)(16 * c / Gc) * (2 + Gc);
+    __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(u + 2 + 16 * c % Gc)));
+    return _mm512_mul_ps(_mm512_set1_ps(kv_f16_scale(u)), _mm512_cvtepi32_ps(w));
+}
 /* Lane sums of one key (16 lanes in one register) against a query held in registers (hd = 16·C) */
-static inline __attribute__((always_inline)) __m512 lanes16(const __m512 *qv, const float *k, int C) {
-    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-    for (int c = 1; c < C; c++) a = _mm512_add_ps(a, _mm512_mul_ps(qv[c], _mm512_loadu_ps(k + 16 * c)));
+static inline __attribute__((always_inline)) __m512 lanes16(const __m512 *qv, const void *k, int C, int ty, int Gc) {
+    __m512 a = _mm512_mul_ps(qv[0], key16(k, 0, ty, Gc));
+    for (int c = 1; c < C; c++) a = _mm512_add_ps(a, _mm512_mul_ps(qv[c], key16(k, c, ty, Gc)));
     return a;
 }
 /* 16 keys' lane sums a[0..16) to their 16 sums (lane i: key i), each by the tree above: the pairs (j, j+8), (j, j+4),
@@ -97,38 +106,39 @@ static inline __m256 tree8(__m256 *x) {
 }
 #endif
 
-/* out[i] = scale·(q·kp[i]) for one query and nk keys (the order above). C = head_dim / 16 a constant in the
- * vector cases, so the query stays in registers. */
-static inline __attribute__((always_inline)) void scores_one(float *out, const float *q, const float *const *kp,
-                                                             int nk, int hd, float scale, int C) {
+/* out[i] = scale·(q·kp[i]) for one query and nk keys (the order above), each key stored as ty: KV_F32, or KV_Q8 with
+ * codec group Gc (decoded in registers by the AVX-512 case, key by key into a buffer by the scalar one; the AVX2 case
+ * reads f32 keys only). C = head_dim / 16 a constant in the vector cases, so the query stays in registers. */
+static inline __attribute__((always_inline)) void scores_one(float *out, const float *q, const void *const *kp,
+                                                             int nk, int hd, float scale, int C, int ty, int Gc) {
     int i = 0;
 #ifdef __AVX512F__
     if (C > 0 && C <= 8) {
         __m512 qv[8], a[16], sc = _mm512_set1_ps(scale);
         for (int c = 0; c < C; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
         for (; i + 16 <= nk; i += 16) {
-            for (int k = 0; k < 16; k++) a[k] = lanes16(qv, kp[i + k], C);
+            for (int k = 0; k < 16; k++) a[k] = lanes16(qv, kp[i + k], C, ty, Gc);
             _mm512_storeu_ps(out + i, _mm512_mul_ps(tree16(a), sc));
         }
         if (i < nk) {   /* a short group: the missing keys repeat the group's first (scored, not stored) */
             float s[16];
-            for (int k = 0; k < 16; k++) a[k] = lanes16(qv, kp[i + (i + k < nk ? k : 0)], C);
+            for (int k = 0; k < 16; k++) a[k] = lanes16(qv, kp[i + (i + k < nk ? k : 0)], C, ty, Gc);
             _mm512_storeu_ps(s, _mm512_mul_ps(tree16(a), sc));
             memcpy(out + i, s, (size_t)(nk - i) * sizeof(float));
         }
         return;
     }
 #elif defined(__AVX2__)
-    if (C > 0 && C <= 4) {
+    if (C > 0 && C <= 4 && ty == KV_F32) {
         __m256 qv[8], x[8], sc = _mm256_set1_ps(scale);
         for (int c = 0; c < 2 * C; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);
         for (; i + 8 <= nk; i += 8) {
-            for (int k = 0; k < 8; k++) x[k] = lanes8(qv, kp[i + k], C);
+            for (int k = 0; k < 8; k++) x[k] = lanes8(qv, (const float *)kp[i + k], C);
             _mm256_storeu_ps(out + i, _mm256_mul_ps(tree8(x), sc));
         }
         if (i < nk) {
             float s[8];
-            for (int k = 0; k < 8; k++) x[k] = lanes8(qv, kp[i + (i + k < nk ? k : 0)], C);
+            for (int k = 0; k < 8; k++) x[k] = lanes8(qv, (const float *)kp[i + (i + k < nk ? k : 0)], C);
             _mm256_storeu_ps(s, _mm256_mul_ps(tree8(x), sc));
             memcpy(out + i, s, (size_t)(nk - i) * sizeof(float));
         }
@@ -136,24 +146,30 @@ static inline __attribute__((always_inline)) void scores_one(float *out, const f
     }
 #endif
     (void)C;
-    for (; i < nk; i++) out[i] = dot_lanes(q, kp[i], hd) * scale;
+    for (; i < nk; i++) {
+        float x[hd];
+        const float *k = (const float *)kp[i];
+        if (ty == KV_Q8) { kv_decode(x, KV_Q8, kp[i], hd); k = x; }
+        out[i] = dot_lanes(q, k, hd) * scale;
+    }
 }
 
 #ifdef __AVX512F__
-/* scores_one for two queries at once, C ≤ 4: each key is loaded once for both, 8 keys a time (the tree's 16 inputs:
- * keys 0-7 against query 0, then against query 1) */
+/* scores_one for two queries at once, C ≤ 4: each key is loaded (and a q8 key decoded) once for both, 8 keys a time
+ * (the tree's 16 inputs: keys 0-7 against query 0, then against query 1) */
 static inline __attribute__((always_inline)) void scores_two(float *const *out, const float *const *q,
-                                                             const float *const *kp, int nk, float scale, int C) {
+                                                             const void *const *kp, int nk, float scale, int C, int ty,
+                                                             int Gc) {
     __m512 q0[4], q1[4], a[16], sc = _mm512_set1_ps(scale);
     for (int c = 0; c < C; c++) { q0[c] = _mm512_loadu_ps(q[0] + 16 * c); q1[c] = _mm512_loadu_ps(q[1] + 16 * c); }
     for (int i = 0; i < nk; i += 8) {
         for (int k = 0; k < 8; k++) {
-            const float *key = kp[i + (i + k < nk ? k : 0)];   /* a short group repeats its first key (not stored) */
-            __m512 x = _mm512_loadu_ps(key);
+            const void *key = kp[i + (i + k < nk ? k : 0)];   /* a short group repeats its first key (not stored) */
+            __m512 x = key16(key, 0, ty, Gc);
             a[k] = _mm512_mul_ps(q0[0], x);
             a[8 + k] = _mm512_mul_ps(q1[0], x);
             for (int c = 1; c < C; c++) {
-                x = _mm512_loadu_ps(key + 16 * c);
+                x = key16(key, c, ty, Gc);
                 a[k] = _mm512_add_ps(a[k], _mm512_mul_ps(q0[c], x));
                 a[8 + k] = _mm512_add_ps(a[8 + k], _mm512_mul_ps(q1[c], x));
             }
@@ -164,6 +180,40 @@ static inline __attribute__((always_inline)) void scores_two(float *const *out, 
         _mm512_mask_storeu_ps(out[1] + i, m, _mm512_shuffle_f32x4(s, s, 0xEE));   /* lanes 8-15 moved down */
     }
 }
+/* scores_one for three queries at once (a GQA group of 3), C ≤ 4: each key is loaded (and a q8 key decoded) once for
+ * all three, 5 keys a time (the tree's inputs: keys 0-4 against query 0, 1 and 2, then a zero) */
+static inline __attribute__((always_inline)) void scores_three(float *const *out, const float *const *q,
+                                                               const void *const *kp, int nk, float scale, int C,
+                                                               int ty, int Gc) {
+    __m512 q0[4], q1[4], q2[4], a[16], sc = _mm512_set1_ps(scale);
+    for (int c = 0; c < C; c++) {
+        q0[c] = _mm512_loadu_ps(q[0] + 16 * c);
+        q1[c] = _mm512_loadu_ps(q[1] + 16 * c);
+        q2[c] = _mm512_loadu_ps(q[2] + 16 * c);
+    }
+    a[15] = _mm512_setzero_ps();
+    for (int i = 0; i < nk; i += 5) {
+        for (int k = 0; k < 5; k++) {
+            const void *key = kp[i + (i + k < nk ? k : 0)];   /* a short group repeats its first key (not stored) */
+            __m512 x = key16(key, 0, ty, Gc);
+            a[k] = _mm512_mul_ps(q0[0], x);
+            a[5 + k] = _mm512_mul_ps(q1[0], x);
+            a[10 + k] = _mm512_mul_ps(q2[0], x);
+            for (int c = 1; c < C; c++) {
+                x = key16(key, c, ty, Gc);
+                a[k] = _mm512_add_ps(a[k], _mm512_mul_ps(q0[c], x));
+                a[5 + k] = _mm512_add_ps(a[5 + k], _mm512_mul_ps(q1[c], x));
+                a[10 + k] = _mm512_add_ps(a[10 + k], _mm512_mul_ps(q2[c], x));
+            }
+        }
+        __m512 s = _mm512_mul_ps(tree16(a), sc);
+        __mmask16 m = (__mmask16)(nk - i < 5 ? (1u << (nk - i)) - 1 : 0x1F);
+        __m512i si = _mm512_castps_si512(s);
+        _mm512_mask_storeu_ps(out[0] + i, m, s);
+        _mm512_mask_storeu_ps(out[1] + i, m, _mm512_castsi512_ps(_mm512_alignr_epi32(si, si, 5)));
+        _mm512_mask_storeu_ps(out[2] + i, m, _mm512_castsi512_ps(_mm512_alignr_epi32(si, si, 10)));
+    }
+}
 #endif
 
 /* A 64-byte aligned pointer into a scratch array of 16 floats more than it needs (keys decoded there are read a
@@ -171,21 +221,49 @@ static inline __attribute__((always_inline)) void scores_two(float *const *out, 
 static inline float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 /* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, read in place
- * (f32 rows). The block's keys stay in L1 while the queries pass over them; head_dim 64 (4 registers of 16 lanes)
- * has its own case, other multiples of 16 the general vector one, the rest the scalar definition. */
-static void block_scores(float *const *out, const float *const *q, int nq, const float *const *kp, int nk, int hd,
-                         float scale) {
-    int C = hd % SCORE_LANES ? 0 : hd / SCORE_LANES, f = 0;
+ * in their stored form ty (f32 rows, or q8 rows of codec group Gc: see scores_one; keys_read_q8 says where). The
+ * block's keys stay in L1 while the queries pass over them. The body for constant C, ty and Gc; block_scores picks
+ * it: head_dim 64 (4 registers of 16 lanes) f32 and q8 with groups of 32 have their own cases, other multiples of 16
+ * the general vector one, the rest the scalar definition. */
+static inline __attribute__((always_inline)) void block_scores_c(float *const *out, const float *const *q, int nq,
+                                                                 const void *const *kp, int nk, int hd, float scale,
+                                                                 int C, int ty, int Gc) {
+    int f = 0;
 #ifdef __AVX512F__
-    if (C == 4)
-        for (; f + 2 <= nq; f += 2) scores_two(out + f, q + f, kp, nk, scale, 4);
-    else if (C > 0 && C < 4)
-        for (; f + 2 <= nq; f += 2) scores_two(out + f, q + f, kp, nk, scale, C);
+    /* pairs of queries; q8 keys, where each key read is a decode, take an odd group's three at once (GQA 3) */
+    if (C > 0 && C <= 4)
+        while (nq - f >= 2) {
+            if (ty == KV_Q8 && (nq - f) % 2) { scores_three(out + f, q + f, kp, nk, scale, C, ty, Gc); f += 3; }
+            else { scores_two(out + f, q + f, kp, nk, scale, C, ty, Gc); f += 2; }
+        }
 #endif
-    for (; f < nq; f++) {
-        if (C == 4) scores_one(out[f], q[f], kp, nk, hd, scale, 4);
-        else scores_one(out[f], q[f], kp, nk, hd, scale, C);
-    }
+    for (; f < nq; f++) scores_one(out[f], q[f], kp, nk, hd, scale, C, ty, Gc);
+}
+static void block_scores(float *const *out, const float *const *q, int nq, const void *const *kp, int nk, int hd,
+                         float scale, int ty, int Gc) {
+    int C = hd % SCORE_LANES ? 0 : hd / SCORE_LANES;
+#ifdef __AVX512F__
+    if (C == 4 && ty == KV_Q8 && Gc == 32) { block_scores_c(out, q, nq, kp, nk, hd, scale, 4, KV_Q8, 32); return; }
+#endif
+    if (C == 4 && ty == KV_F32) block_scores_c(out, q, nq, kp, nk, hd, scale, 4, KV_F32, 0);
+    else block_scores_c(out, q, nq, kp, nk, hd, scale, C, ty, Gc);
+}
+
+/* 1 where kv_attend_cpu's score kernels read this cache's keys as stored q8 rather than decoded into a buffer: with
+ * AVX-512, one band of q8 keys, a key per token (no per-channel groups, no low rank), rotated when stored (pos=orig),
+ * head_dim a multiple of 16 up to 128 and codec groups a multiple of 16. The scores' bits are those of the decoded
+ * keys either way. With AVX2 the keys are decoded once per block instead: in attn_bench (SmolLM2's shape, one thread,
+ * 512 tokens) ran 1.67-1.69 ms per step against 1.75-1.80 decoding in registers, where on AVX-512 (1024 tokens)
+ * decoding in registers ran 2.48-2.60 ms against 2.66-2.76. */
+static int keys_read_q8(const KVCache *c) {
+#ifdef __AVX512F__
+    int hd = c->shape.head_dim, C = hd % SCORE_LANES ? 0 : hd / SCORE_LANES;
+    return C > 0 && C <= 8 && kv_group(hd) % 16 == 0 && c->n_bands == 1 && c->band_ktype[0] == KV_Q8 &&
+           !c->band_kchan[0] && !c->krank && c->spec.pos == POS_ORIG;
+#else
+    (void)c;
+    return 0;
+#endif
 }
 
 #define WSUM_COLS 16
@@ -491,6 +569,15 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
     int cols = wsum_cols(group, hd);
     int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK, col_blocks = (hd + cols - 1) / cols;
     int Gc = kv_group(hd);   /* the codec's group of a vector (q8, q4, q2) */
+    /* plain: lanes of one band, a key per token (no per-channel groups), no low rank, pos=orig; their block walk
+       takes the rows' addresses straight from the lane's pages. Their keys go to the score kernels as stored (f32,
+       and q8 where keys_read_q8) or are decoded once per block (kdec); values are read as stored by the output. */
+    int kq8 = keys_read_q8(c);
+    KVType kty = c->band_ktype[0];
+    int plain = c->n_bands == 1 && !c->band_kchan[0] && !c->krank && !c->vrank && c->spec.pos == POS_ORIG;
+    int kdec = kty != KV_F32 && !kq8;
+    size_t kbytes = c->band_kb[0], vbytes = c->band_vb[0];
+    uint8_t vty = (uint8_t)c->band_vtype[0];
     /* the value blocks of each lane: lane g's are rows boff[g] .. boff[g + 1] - 1 of c->vpart, starting at ranks
        c->vstart[g·(max_n + 1) + b]; where that scratch cannot grow, each (lane, columns) goes block by block on one
        thread (wsum_blocked: the same sums) */
@@ -525,19 +612,40 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                read in place) */
             float kmem[KV_KEY_BLOCK * hd + 16];
             float *kx = align64(kmem);
-            const float *kp[KV_KEY_BLOCK];
+            const void *kp[KV_KEY_BLOCK];
             const uint8_t **vb = c->vrow + (size_t)g * budget;
             uint8_t *vt = c->vrow_type + (size_t)g * budget;
-            /* ask for the block's stored keys now, all at once, rather than one miss at a time in the decoding or the
-               scoring */
-            for (int i = i0; i < i1; i++) {
-                int slot = lanes[g].live[i];
-                const uint8_t *kb = kv_slot_k(c, &lanes[g], slot);
-                for (size_t o = 0; o < c->band_kb[kv_slot_band(&lanes[g], slot)]; o += 64) __builtin_prefetch(kb + o);
-            }
-            for (int i = i0; i < i1; i++) {
-                kp[i - i0] = kv_lane_key(c, &lanes[g], i, kx + (size_t)(i - i0) * hd);
-                vb[i] = kv_lane_value_stored(c, &lanes[g], i, c->vbuf + ((size_t)g * budget + i) * hd, &vt[i]);
+            if (plain) {   /* one band, keys read in place: the rows' addresses from the lane's pages, directly */
+                const KVLane *ln = &lanes[g];
+                uint8_t *const *kpg = ln->kpg[0], *const *vpg = ln->vpg[0];
+                const int *live = ln->live;
+                int sh = ln->pg_shift, mask = ln->pg_mask;
+                for (int i = i0; i < i1; i++) {   /* ask for the block's keys now, all at once */
+                    int r = live[i];
+                    const uint8_t *kb = kpg[r >> sh] + (size_t)(r & mask) * kbytes;
+                    for (size_t o = 0; o < kbytes; o += 64) __builtin_prefetch(kb + o);
+                    kp[i - i0] = kb;
+                    vb[i] = vpg[r >> sh] + (size_t)(r & mask) * vbytes;
+                }
+                if (kdec)   /* keys of a form the score kernels do not read: decoded once for the group's queries */
+                    for (int i = 0; i < i1 - i0; i++) {
+                        float *x = kx + (size_t)i * hd;
+                        kv_decode_inline(x, kty, kp[i], hd);
+                        kp[i] = x;
+                    }
+                memset(vt + i0, vty, (size_t)(i1 - i0));
+            } else {
+                /* ask for the block's stored keys now, all at once, rather than one miss at a time in the decoding
+                   or the scoring */
+                for (int i = i0; i < i1; i++) {
+                    int slot = lanes[g].live[i];
+                    const uint8_t *kb = kv_slot_k(c, &lanes[g], slot);
+                    for (size_t o = 0; o < c->band_kb[kv_slot_band(&lanes[g], slot)]; o += 64) __builtin_prefetch(kb + o);
+                }
+                for (int i = i0; i < i1; i++) {
+                    kp[i - i0] = kv_lane_key(c, &lanes[g], i, kx + (size_t)(i - i0) * hd);
+                    vb[i] = kv_lane_value_stored(c, &lanes[g], i, c->vbuf + ((size_t)g * budget + i) * hd, &vt[i]);
+                }
             }
             const float *qg[group];
             float *sg[group];
@@ -545,7 +653,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                 qg[hh] = c->qbuf + (size_t)(g * group + hh) * hd;
                 sg[hh] = c->scores + (size_t)(g * group + hh) * budget + i0;
             }
-            block_scores(sg, qg, group, kp, i1 - i0, hd, scale);
+            block_scores(sg, qg, group, kp, i1 - i0, hd, scale, plain && kq8 ? KV_Q8 : KV_F32, Gc);
         }
         #pragma omp for schedule(static)
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);
@@ -861,7 +969,7 @@ static void chunk_block_scores(float *P, size_t ld, const float *Q, const float 
         qf[f - f0] = Q + row * hd;
         of[f - f0] = P + row * ld + j0;
     }
-    block_scores(of, qf, nf - f0, kp, j1 - j0, hd, scale);
+    block_scores(of, qf, nf - f0, (const void *const *)kp, j1 - j0, hd, scale, KV_F32, 0);
 }
 
 /* Steps 1-2 and 4 of attend_static's n tokens, token by token: the stores land in free slots (nothing is evicted:

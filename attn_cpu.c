@@ -155,63 +155,35 @@ static inline __attribute__((always_inline)) void scores_one(float *out, const f
 }
 
 #ifdef __AVX512F__
-/* scores_one for two queries at once, C ≤ 4: each key is loaded (and a q8 key decoded) once for both, 8 keys a time
- * (the tree's 16 inputs: keys 0-7 against query 0, then against query 1) */
-static inline __attribute__((always_inline)) void scores_two(float *const *out, const float *const *q,
-                                                             const void *const *kp, int nk, float scale, int C, int ty,
-                                                             int Gc) {
-    __m512 q0[4], q1[4], a[16], sc = _mm512_set1_ps(scale);
-    for (int c = 0; c < C; c++) { q0[c] = _mm512_loadu_ps(q[0] + 16 * c); q1[c] = _mm512_loadu_ps(q[1] + 16 * c); }
-    for (int i = 0; i < nk; i += 8) {
-        for (int k = 0; k < 8; k++) {
-            const void *key = kp[i + (i + k < nk ? k : 0)];   /* a short group repeats its first key (not stored) */
-            __m512 x = key16(key, 0, ty, Gc);
-            a[k] = _mm512_mul_ps(q0[0], x);
-            a[8 + k] = _mm512_mul_ps(q1[0], x);
-            for (int c = 1; c < C; c++) {
-                x = key16(key, c, ty, Gc);
-                a[k] = _mm512_add_ps(a[k], _mm512_mul_ps(q0[c], x));
-                a[8 + k] = _mm512_add_ps(a[8 + k], _mm512_mul_ps(q1[c], x));
-            }
-        }
-        __m512 s = _mm512_mul_ps(tree16(a), sc);
-        __mmask16 m = (__mmask16)(nk - i < 8 ? (1u << (nk - i)) - 1 : 0xFF);
-        _mm512_mask_storeu_ps(out[0] + i, m, s);
-        _mm512_mask_storeu_ps(out[1] + i, m, _mm512_shuffle_f32x4(s, s, 0xEE));   /* lanes 8-15 moved down */
-    }
-}
-/* scores_one for three queries at once (a GQA group of 3), C ≤ 4: each key is loaded (and a q8 key decoded) once for
- * all three, 5 keys a time (the tree's inputs: keys 0-4 against query 0, 1 and 2, then a zero) */
-static inline __attribute__((always_inline)) void scores_three(float *const *out, const float *const *q,
+/* scores_one for Q = 2 or 3 queries at once, C ≤ 4: each key is loaded (and a q8 key decoded) once for all of them,
+ * K = 16 / Q keys a time (the tree's inputs: keys 0..K-1 against query 0, then against query 1, ..; with Q = 3 the
+ * 16th input is a zero) */
+static inline __attribute__((always_inline)) void scores_group(float *const *out, const float *const *q, int Q,
                                                                const void *const *kp, int nk, float scale, int C,
                                                                int ty, int Gc) {
-    __m512 q0[4], q1[4], q2[4], a[16], sc = _mm512_set1_ps(scale);
-    for (int c = 0; c < C; c++) {
-        q0[c] = _mm512_loadu_ps(q[0] + 16 * c);
-        q1[c] = _mm512_loadu_ps(q[1] + 16 * c);
-        q2[c] = _mm512_loadu_ps(q[2] + 16 * c);
-    }
-    a[15] = _mm512_setzero_ps();
-    for (int i = 0; i < nk; i += 5) {
-        for (int k = 0; k < 5; k++) {
+    const int K = 16 / Q;
+    __m512 qv[3][4], a[16], sc = _mm512_set1_ps(scale);
+    for (int f = 0; f < Q; f++)
+        for (int c = 0; c < C; c++) qv[f][c] = _mm512_loadu_ps(q[f] + 16 * c);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i down[3];   /* query f's K scores moved down to lanes 0..K-1 */
+    for (int f = 1; f < Q; f++)
+        down[f] = _mm512_and_si512(_mm512_add_epi32(iota, _mm512_set1_epi32(f * K)), _mm512_set1_epi32(15));
+    for (int j = Q * K; j < 16; j++) a[j] = _mm512_setzero_ps();
+    for (int i = 0; i < nk; i += K) {
+        for (int k = 0; k < K; k++) {
             const void *key = kp[i + (i + k < nk ? k : 0)];   /* a short group repeats its first key (not stored) */
             __m512 x = key16(key, 0, ty, Gc);
-            a[k] = _mm512_mul_ps(q0[0], x);
-            a[5 + k] = _mm512_mul_ps(q1[0], x);
-            a[10 + k] = _mm512_mul_ps(q2[0], x);
+            for (int f = 0; f < Q; f++) a[f * K + k] = _mm512_mul_ps(qv[f][0], x);
             for (int c = 1; c < C; c++) {
                 x = key16(key, c, ty, Gc);
-                a[k] = _mm512_add_ps(a[k], _mm512_mul_ps(q0[c], x));
-                a[5 + k] = _mm512_add_ps(a[5 + k], _mm512_mul_ps(q1[c], x));
-                a[10 + k] = _mm512_add_ps(a[10 + k], _mm512_mul_ps(q2[c], x));
+                for (int f = 0; f < Q; f++) a[f * K + k] = _mm512_add_ps(a[f * K + k], _mm512_mul_ps(qv[f][c], x));
             }
         }
         __m512 s = _mm512_mul_ps(tree16(a), sc);
-        __mmask16 m = (__mmask16)(nk - i < 5 ? (1u << (nk - i)) - 1 : 0x1F);
-        __m512i si = _mm512_castps_si512(s);
+        __mmask16 m = (__mmask16)((1u << (nk - i < K ? nk - i : K)) - 1);
         _mm512_mask_storeu_ps(out[0] + i, m, s);
-        _mm512_mask_storeu_ps(out[1] + i, m, _mm512_castsi512_ps(_mm512_alignr_epi32(si, si, 5)));
-        _mm512_mask_storeu_ps(out[2] + i, m, _mm512_castsi512_ps(_mm512_alignr_epi32(si, si, 10)));
+        for (int f = 1; f < Q; f++) _mm512_mask_storeu_ps(out[f] + i, m, _mm512_permutexvar_ps(down[f], s));
     }
 }
 #endif
@@ -233,8 +205,8 @@ static inline __attribute__((always_inline)) void block_scores_c(float *const *o
     /* pairs of queries; q8 keys, where each key read is a decode, take an odd group's three at once (GQA 3) */
     if (C > 0 && C <= 4)
         while (nq - f >= 2) {
-            if (ty == KV_Q8 && (nq - f) % 2) { scores_three(out + f, q + f, kp, nk, scale, C, ty, Gc); f += 3; }
-            else { scores_two(out + f, q + f, kp, nk, scale, C, ty, Gc); f += 2; }
+            if (ty == KV_Q8 && (nq - f) % 2) { scores_group(out + f, q + f, 3, kp, nk, scale, C, ty, Gc); f += 3; }
+            else { scores_group(out + f, q + f, 2, kp, nk, scale, C, ty, Gc); f += 2; }
         }
 #endif
     for (; f < nq; f++) scores_one(out[f], q[f], kp, nk, hd, scale, C, ty, Gc);

@@ -277,6 +277,10 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
                 const float *x = (const float *)(const void *)vb[i] + d0;
                 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16), v2 = _mm512_loadu_ps(x + 32);
                 v3 = _mm512_loadu_ps(x + 48);
+            } else if (vt[i] == KV_Q8 && Gc % 16 == 0) {   /* decoded in registers, kv_decode's bits (key16) */
+                int c = d0 / 16;
+                v0 = key16(vb[i], c, KV_Q8, Gc), v1 = key16(vb[i], c + 1, KV_Q8, Gc);
+                v2 = key16(vb[i], c + 2, KV_Q8, Gc), v3 = key16(vb[i], c + 3, KV_Q8, Gc);
             } else {
                 for (int k = 0; k < 4; k++) kv_decode16(row + 16 * k, vt[i], vb[i], d0 + 16 * k, Gc);
                 v0 = _mm512_load_ps(row), v1 = _mm512_load_ps(row + 16), v2 = _mm512_load_ps(row + 32);

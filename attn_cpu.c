@@ -107,8 +107,8 @@ static inline __m256 tree8(__m256 *x) {
 #endif
 
 /* out[i] = scale·(q·kp[i]) for one query and nk keys (the order above), each key stored as ty: KV_F32, or KV_Q8 with
- * codec group Gc (decoded in registers by the AVX-512 case, key by key into a buffer by the scalar one; the AVX2 case
- * reads f32 keys only). C = head_dim / 16 a constant in the vector cases, so the query stays in registers. */
+ * codec group Gc, decoded in registers, which only the AVX-512 case reads (q8_keys_read_as_stored: the AVX2 and
+ * scalar cases take f32 keys). C = head_dim / 16 a constant in the vector cases, so the query stays in registers. */
 static inline __attribute__((always_inline)) void scores_one(float *out, const float *q, const void *const *kp,
                                                              int nk, int hd, float scale, int C, int ty, int Gc) {
     int i = 0;
@@ -129,7 +129,7 @@ static inline __attribute__((always_inline)) void scores_one(float *out, const f
         return;
     }
 #elif defined(__AVX2__)
-    if (C > 0 && C <= 4 && ty == KV_F32) {
+    if (C > 0 && C <= 4) {
         __m256 qv[8], x[8], sc = _mm256_set1_ps(scale);
         for (int c = 0; c < 2 * C; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);
         for (; i + 8 <= nk; i += 8) {
@@ -146,12 +146,7 @@ static inline __attribute__((always_inline)) void scores_one(float *out, const f
     }
 #endif
     (void)C;
-    for (; i < nk; i++) {
-        float x[hd];
-        const float *k = (const float *)kp[i];
-        if (ty == KV_Q8) { kv_decode(x, KV_Q8, kp[i], hd); k = x; }
-        out[i] = dot_lanes(q, k, hd) * scale;
-    }
+    for (; i < nk; i++) out[i] = dot_lanes(q, (const float *)kp[i], hd) * scale;
 }
 
 #ifdef __AVX512F__
@@ -193,7 +188,7 @@ static inline __attribute__((always_inline)) void scores_group(float *const *out
 static inline float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 /* Scores of one block: out[f][i] = scale·(q[f]·kp[i]) for nq query rows and nk ≤ KV_KEY_BLOCK keys, read in place
- * in their stored form ty (f32 rows, or q8 rows of codec group Gc: see scores_one; keys_read_q8 says where). The
+ * in their stored form ty (f32 rows, or q8 rows of codec group Gc: see scores_one; q8_keys_read_as_stored says where). The
  * block's keys stay in L1 while the queries pass over them. The body for constant C, ty and Gc; block_scores picks
  * it: head_dim 64 (4 registers of 16 lanes) f32 and q8 with groups of 32 have their own cases, other multiples of 16
  * the general vector one, the rest the scalar definition. */
@@ -221,19 +216,17 @@ static void block_scores(float *const *out, const float *const *q, int nq, const
     else block_scores_c(out, q, nq, kp, nk, hd, scale, C, ty, Gc);
 }
 
-/* 1 where kv_attend_cpu's score kernels read this cache's keys as stored q8 rather than decoded into a buffer: with
- * AVX-512, one band of q8 keys, a key per token (no per-channel groups, no low rank), rotated when stored (pos=orig),
- * head_dim a multiple of 16 up to 128 and codec groups a multiple of 16. The scores' bits are those of the decoded
- * keys either way. With AVX2 the keys are decoded once per block instead: in attn_bench (SmolLM2's shape, one thread,
- * 512 tokens) ran 1.67-1.69 ms per step against 1.75-1.80 decoding in registers, where on AVX-512 (1024 tokens)
- * decoding in registers ran 2.48-2.60 ms against 2.66-2.76. */
-static int keys_read_q8(const KVCache *c) {
+/* 1 where the score kernels read q8 keys of this head_dim as stored rather than decoded into a buffer: with AVX-512,
+ * head_dim a multiple of 16 up to 128 and codec groups a multiple of 16 (kv_attend_cpu asks it for its plain lanes).
+ * The scores' bits are those of the decoded keys either way. With AVX2 the keys are decoded once per block instead:
+ * in attn_bench (SmolLM2's shape, one thread, 512 tokens) that ran 1.67-1.69 ms per step against 1.75-1.80 decoding
+ * in registers, where on AVX-512 (1024 tokens) decoding in registers ran 2.48-2.60 ms against 2.66-2.76. */
+static int q8_keys_read_as_stored(int hd) {
 #ifdef __AVX512F__
-    int hd = c->shape.head_dim, C = hd % SCORE_LANES ? 0 : hd / SCORE_LANES;
-    return C > 0 && C <= 8 && kv_group(hd) % 16 == 0 && c->n_bands == 1 && c->band_ktype[0] == KV_Q8 &&
-           !c->band_kchan[0] && !c->krank && c->spec.pos == POS_ORIG;
+    int C = hd % SCORE_LANES ? 0 : hd / SCORE_LANES;
+    return C > 0 && C <= 8 && kv_group(hd) % 16 == 0;
 #else
-    (void)c;
+    (void)hd;
     return 0;
 #endif
 }
@@ -547,12 +540,13 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
     int Gc = kv_group(hd);   /* the codec's group of a vector (q8, q4, q2) */
     /* plain: lanes of one band, a key per token (no per-channel groups), no low rank, pos=orig; their block walk
        takes the rows' addresses straight from the lane's pages. Their keys go to the score kernels as stored (f32,
-       and q8 where keys_read_q8) or are decoded once per block (kdec); values are read as stored by the output. */
-    int kq8 = keys_read_q8(c);
+       and q8 where q8_keys_read_as_stored) or are decoded once per block (kdec); values are read as stored by the
+       output. */
     KVType kty = c->band_ktype[0];
     int plain = c->n_bands == 1 && !c->band_kchan[0] && !c->krank && !c->vrank && c->spec.pos == POS_ORIG;
+    int kq8 = plain && kty == KV_Q8 && q8_keys_read_as_stored(hd);
     int kdec = kty != KV_F32 && !kq8;
-    size_t kbytes = c->band_kb[0], vbytes = c->band_vb[0];
+    size_t kbytes = c->band_kb[0];
     uint8_t vty = (uint8_t)c->band_vtype[0];
     /* the value blocks of each lane: lane g's are rows boff[g] .. boff[g + 1] - 1 of c->vpart, starting at ranks
        c->vstart[g·(max_n + 1) + b]; where that scratch cannot grow, each (lane, columns) goes block by block on one
@@ -593,15 +587,12 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
             uint8_t *vt = c->vrow_type + (size_t)g * budget;
             if (plain) {   /* one band, keys read in place: the rows' addresses from the lane's pages, directly */
                 const KVLane *ln = &lanes[g];
-                uint8_t *const *kpg = ln->kpg[0], *const *vpg = ln->vpg[0];
-                const int *live = ln->live;
-                int sh = ln->pg_shift, mask = ln->pg_mask;
                 for (int i = i0; i < i1; i++) {   /* ask for the block's keys now, all at once */
-                    int r = live[i];
-                    const uint8_t *kb = kpg[r >> sh] + (size_t)(r & mask) * kbytes;
+                    int r = ln->live[i] - ln->band_first[0];
+                    const uint8_t *kb = kv_band_k(c, ln, 0, r);
                     for (size_t o = 0; o < kbytes; o += 64) __builtin_prefetch(kb + o);
                     kp[i - i0] = kb;
-                    vb[i] = vpg[r >> sh] + (size_t)(r & mask) * vbytes;
+                    vb[i] = kv_band_v(c, ln, 0, r);
                 }
                 if (kdec)   /* keys of a form the score kernels do not read: decoded once for the group's queries */
                     for (int i = 0; i < i1 - i0; i++) {
@@ -629,7 +620,7 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
                 qg[hh] = c->qbuf + (size_t)(g * group + hh) * hd;
                 sg[hh] = c->scores + (size_t)(g * group + hh) * budget + i0;
             }
-            block_scores(sg, qg, group, kp, i1 - i0, hd, scale, plain && kq8 ? KV_Q8 : KV_F32, Gc);
+            block_scores(sg, qg, group, kp, i1 - i0, hd, scale, kq8 ? KV_Q8 : KV_F32, Gc);
         }
         #pragma omp for schedule(static)
         for (int h = 0; h < nh; h++) softmax_inplace(c->scores + (size_t)h * budget, lanes[h / group].n_live);

@@ -116,8 +116,8 @@ fuzz: all
 # token stream; build/attn_bench, the CPU attention alone on SmolLM2's attention shape (kv_attend_cpu, or kv_attend_chunk with -chunk); build/batch_bench, decode throughput of S sequences in one batch. `make bench` runs tools/bench.sh (SmolLM2 decode f32/q8 against the bandwidth limit, batched ppl).
 .PHONY: tools
 tools: $(BUILD)/bw $(BUILD)/kl_models $(BUILD)/attn_bench $(BUILD)/batch_bench
-$(BUILD)/bw: tools/bw.c | $(BUILD)
-	$(CC) $(CFLAGS) $(OMP) -o $@ $<
+$(BUILD)/bw: tools/bw.c $(BUILD)/util.o | $(BUILD)
+	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(BUILD)/util.o
 $(BUILD)/kl_models: tools/kl_models.c $(LIB_O) | $(BUILD)
 	$(CC) $(CFLAGS) $(OMP) -I. -o $@ $< $(LIB_O) $(LDLIBS)
 $(BUILD)/attn_bench: tools/attn_bench.c $(LIB_O) | $(BUILD)

@@ -1345,12 +1345,14 @@ static int cache_init(KVCache *c, const KVShape *shape, const KVSpec *spec, cons
     c->k_bytes = c->band_kb[c->n_bands - 1];
     c->v_bytes = c->band_vb[c->n_bands - 1];
     /* one arena for every lane; calloc: large arenas come zeroed from the kernel page by page, so a cache costs
-       memory as it fills; malloc's alignment (max_align_t, 16 bytes on the targets we build for) is what the arrays
-       need */
+       memory as it fills (in 2 MiB huge pages where the kernel gives them: mem_advise_huge; attn_bench at 8,192
+       tokens, 2 threads: f32 21.3 -> 19.8 ms per step, q8 11.0 -> 10.4); malloc's alignment (max_align_t, 16 bytes
+       on the targets we build for) is what the arrays need */
     c->lanes = calloc((size_t)n_lanes, sizeof(KVLane));
     if (c->lanes)
         for (int i = 0; i < n_lanes; i++) c->arena_bytes += lane_carve(c, &c->lanes[i], caps ? caps[i] : B, NULL);
     c->arena = calloc(1, c->arena_bytes ? c->arena_bytes : 16);
+    mem_advise_huge(c->arena, c->arena_bytes);   /* before the first touch */
     c->scores = calloc((size_t)shape->n_heads * B, sizeof(float));
     c->agg = calloc((size_t)shape->n_kv_heads * B, sizeof(float));
     c->mean = calloc((size_t)shape->n_kv_heads * B, sizeof(float));

@@ -42,7 +42,7 @@
  */
 #include "pool.h"
 #include "kv.h"     /* kv_mix64 */
-#include "util.h"   /* errorf */
+#include "util.h"   /* errorf, mem_advise_huge */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +128,7 @@ int kv_pool_init(KVPool *p, size_t bytes, size_t page_bytes, char *err, size_t e
     if (mem_bytes <= SIZE_MAX - KV_POOL_ALIGN) {
         mem_bytes = (mem_bytes + KV_POOL_ALIGN - 1) / KV_POOL_ALIGN * KV_POOL_ALIGN;
         p->mem = aligned_alloc(KV_POOL_ALIGN, mem_bytes);
+        mem_advise_huge(p->mem, mem_bytes);   /* as a single run's arena (kv.c) */
     }
     p->ref = calloc(n, sizeof *p->ref);
     p->free_stack = malloc(n * sizeof *p->free_stack);

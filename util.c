@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -124,6 +125,23 @@ long peak_rss_kib(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss;
+}
+
+/* Transparent huge pages (2 MiB) where the kernel offers them on request (Linux's "madvise" mode): a stream over a
+ * KV cache of hundreds of MiB then crosses a page every 2 MiB instead of every 4 KiB (fewer TLB misses, and the
+ * hardware prefetchers, which stop at a page's end, run further). Only the 2 MiB-aligned part of [p, p + bytes) can
+ * be backed so, and only pages not touched yet (calloc's fresh pages). A hint: where it is refused or unknown,
+ * nothing changes; the bits never depend on it. */
+#define HUGE_PAGE_BYTES ((uintptr_t)2 << 20)
+void mem_advise_huge(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    uintptr_t a = ((uintptr_t)p + HUGE_PAGE_BYTES - 1) & ~(HUGE_PAGE_BYTES - 1);
+    uintptr_t b = ((uintptr_t)p + bytes) & ~(HUGE_PAGE_BYTES - 1);
+    if (p && b > a) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -59,5 +59,8 @@ uint64_t seed_fresh(void);
 int run_threads(void);   /* OpenMP threads a parallel region uses (1 without OpenMP) */
 double now_s(void);      /* monotonic clock, seconds */
 long peak_rss_kib(void);
+/* Asks for transparent huge pages over the 2 MiB-aligned part of [p, p + bytes) (Linux madvise; a hint, may be
+ * ignored) */
+void mem_advise_huge(void *p, size_t bytes);
 
 #endif

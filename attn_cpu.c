@@ -12,6 +12,7 @@
 #include "exp_neg.h"
 #include "kv_codec.h"
 
+#include <limits.h>
 #include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -1048,6 +1049,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
         }
     }
     if (!rc) chunk_last_scores(c, scores, P, l, n);
+    if (!rc) c->chunk_steps += n;
     return rc;
 }
 
@@ -1087,17 +1089,41 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
  *            slot of a value an earlier token of the chunk still reads.
  * A rank the gather does not find in U (the band of a rank other than predicted) is a kv.c bug: it aborts. Only under
  * pos=orig (under pos=cache a key's rotation is its rank, which changes as slots are freed) and where attend_static's
- * other conditions hold; an evicting lane with bands goes token by token (which band an eviction frees, and so which
- * tokens recode, depends on the policy's choice). tests/test_eval.sh checks every registered policy and banded
- * specs at -chunk 5, 7 and 64 against -chunk 1, bit for bit. */
+ * other conditions hold. An evicting lane with bands goes a chunk at a time only where its policy promises victims
+ * from the oldest band alone (KVPolicyOps.protects: h2o's recent=, window, sink), so that it stays packed and U is
+ * built as for a banded lane (a rank that recodes while the chunk passes, twice), the steps' gather finding each
+ * live rank by its position and its band then; other evicting lanes with bands go token by token (which band an
+ * eviction frees, and so which tokens recode, would depend on the policy's choice). tests/test_eval.sh checks every
+ * registered policy and banded specs, evicting ones among them, at -chunk 5, 7 and 64 against -chunk 1, bit for bit. */
 
-/* Whether attend_union may run the next tokens of an evicting lane from position t: chunk_room's conditions,
- * pos=orig, a policy that evicts, and no alloc=ada (its lanes shrink together, layer-wide). */
-static int chunk_evicts(const KVCache *c, int t) {
+/* How many of the next tokens of layer l, from position t, attend_union may run as one chunk of evicting lanes:
+ * chunk_room's conditions but the bands, pos=orig, a policy that evicts, and no alloc=ada (its lanes shrink
+ * together, layer-wide); INT_MAX with one band. With bands, only where the policy's victims always come from the
+ * oldest band (protects: R - 1 at least the slots of every newer band) and every lane is packed now, so that each
+ * token's band stays a rule of its age while the chunk passes; then no more than any band but the oldest (one
+ * boundary at most per token: chunk_banded's rule). 0 when none can. */
+static int lane_packed(const KVCache *c, const KVLane *ln);
+static int chunk_evicts(const KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
-    return !(c->device || c->n_bands > 1 || c->kgroup || ops->prune || ops->merge || ops->select ||
-             kv_query_selects(c, t) || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada ||
-             c->merge_evict || c->spec.pos != POS_ORIG || !ops->evict);
+    if (c->device || c->kgroup || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
+        || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada || c->merge_evict
+        || c->spec.pos != POS_ORIG || !ops->evict)
+        return 0;
+    if (c->n_bands < 2) return INT_MAX;
+    if (!ops->protects || c->pool) return 0;
+    int H = c->shape.n_kv_heads, room = INT_MAX, R = ops->protects(&c->policy);
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &c->lanes[l * H + g];
+        if (!lane_packed(c, ln)) return 0;
+        int oldest = c->n_bands - 1, newer = 0;
+        while (oldest > 0 && ln->band_slots[oldest] == 0) oldest--;
+        for (int b = 0; b < oldest; b++) {
+            newer += ln->band_slots[b];
+            room = ln->band_slots[b] < room ? ln->band_slots[b] : room;
+        }
+        if (R - 1 < newer) return 0;
+    }
+    return room;
 }
 
 /* The band that holds the token of age r (0: the newest) in a packed lane: the bands fill newest first. */
@@ -1242,7 +1268,7 @@ static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const fl
             band[rows] = (uint8_t)now;
             vis0[rows] = 0;
             vis1[rows++] = n - 1;
-            int then = banded ? packed_band(c, ln, ln->n_live + n - 1 - j) : now;
+            int then = packed_band(c, ln, ln->n_live + n - 1 - j);   /* one band: 0, as now */
             if (then != now) {   /* it recodes at token sw */
                 int sw = 0;
                 while (packed_band(c, ln, ln->n_live + sw - j) == now) sw++;
@@ -1406,6 +1432,7 @@ static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const fl
         }
     }
     if (banded && !rc) chunk_last_scores(c, scores, Pr, l, n);   /* the evicting steps left them in c->scores */
+    if (!rc) c->chunk_steps += n;
     return rc;
 }
 
@@ -1426,14 +1453,15 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
             continue;
         }
         int banded = n - t >= 2 ? chunk_banded(c, l, pos0 + t) : 0;
-        if (n - t >= 2 && (banded >= 2 || chunk_evicts(c, pos0 + t))) {   /* a union of rows (attend_union) */
-            int ne = banded >= 2 && banded < n - t ? banded : n - t, longest = 0;
+        int evicts = n - t >= 2 && banded < 2 ? chunk_evicts(c, l, pos0 + t) : 0;
+        if (banded >= 2 || evicts >= 2) {   /* a union of rows (attend_union) */
+            int room = banded >= 2 ? banded : evicts, ne = room < n - t ? room : n - t, longest = 0;
             for (int g = 0; g < s->n_kv_heads; g++) {
                 int m = c->lanes[l * s->n_kv_heads + g].n_live;
                 longest = m > longest ? m : longest;
             }
             /* a banded lane's U holds a rank twice when it crosses a band boundary: at most ne per boundary */
-            int extra = banded >= 2 ? (c->n_bands - 1) : 0;
+            int extra = c->n_bands - 1;
             while (ne > 2 && (size_t)ne * s->n_heads * (longest + ne + extra * ne) * sizeof(float) > KV_CHUNK_SCRATCH)
                 ne /= 2;
             int W = longest + ne + extra * ne;

@@ -1512,6 +1512,7 @@ int kv_cache_restore(KVCache *dst, const KVCache *src, char *err, size_t errlen)
     dst->n_merged = src->n_merged;
     dst->bytes_read = src->bytes_read;
     dst->steps_read = src->steps_read;
+    dst->chunk_steps = src->chunk_steps;
     dst->bytes_moved = src->bytes_moved;
     dst->keys_scanned = src->keys_scanned;
     dst->slots_read = src->slots_read;

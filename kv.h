@@ -388,6 +388,12 @@ typedef struct {
      * window opens obs tokens before its compression point). NULL: none (a policy that scores from the first
      * token, h2o, tova, ...). */
     int (*full_prefix)(const KVPolicy *p);
+    /* The newest positions evict never names: R such that every rank it frees before storing the token at pos_now
+     * holds a position <= pos_now - R (h2o: recent=R; window:W, W; sink:N,sinks=S, N - S). With bands (residual=,
+     * prec=), R - 1 at least the slots of every band but the oldest means victims come from the oldest band only, so
+     * the lane stays packed and which tokens recode is a rule of their ages: a chunk of such a lane may attend over a
+     * union of rows (attn_cpu.c, attend_union). NULL: none promised (such lanes go token by token). */
+    int (*protects)(const KVPolicy *p);
 } KVPolicyOps;
 
 struct KVPolicy {
@@ -561,6 +567,8 @@ struct KVCache {
        that read them; bytes per decode step = the difference of bytes_read over the difference of steps_read */
     uint64_t bytes_read;
     long steps_read;
+    long chunk_steps;        /* (token, layer) pairs whose step 3 ran a chunk at a time (attn_cpu.c: attend_static,
+                                attend_union), since init: which tokens the batched paths took, for tests */
     /* per lane and step, summed: keys scanned (scores computed to attend or to choose: every live key, or a
        selection policy's full score pass, or the chosen keys plus the index entries it scored, select_scanned) and
        slots read (the set attended); per query = the sum over steps_read x lanes */

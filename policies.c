@@ -119,12 +119,16 @@ static void window_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, do
     for (int i = 0; i < ln->n_live; i++) score[i] = kv_rank_pos(ln, i);
 }
 
+/* protects: a full lane of W tokens evicts its oldest, whose position is at most pos_now - W */
+static int window_protects(const KVPolicy *p) { return p->budget; }
+
 static const KVPolicyOps policy_window = {
     .example = "window:16",
     .name = "window", .family = "eviction",
     .paper = "sliding window: Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1",
     .summary = "window:W keeps the W most recent tokens", .options = "", .reason = "oldest",
     .needs_budget = 1, .evicts = 1, .evict = window_evict, .keep_score = window_keep, .full_prefix = until_full,
+    .protects = window_protects,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -166,6 +170,9 @@ static void sink_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, doub
     for (int i = 0; i < ln->n_live; i++) score[i] = i < st->sinks ? INFINITY : kv_rank_pos(ln, i);
 }
 
+/* protects: a full lane holds the S sinks and N - S others; the oldest of those is at most pos_now - (N - S) */
+static int sink_protects(const KVPolicy *p) { return p->budget - ((const SinkState *)p->state)->sinks; }
+
 static void sink_describe(const KVPolicy *p, char *buf, size_t len) {
     snprintf(buf, len, "sinks=%d", ((const SinkState *)p->state)->sinks);
 }
@@ -177,7 +184,7 @@ static const KVPolicyOps policy_sink = {
     .summary = "sink:N,sinks=S keeps S attention sinks + the N-S most recent (StreamingLLM)",
     .options = "sinks=S (default 4)", .reason = "oldest after the sinks", .needs_budget = 1, .evicts = 1,
     .init = sink_init, .evict = sink_evict, .describe = sink_describe, .keep_score = sink_keep,
-    .full_prefix = until_full,
+    .full_prefix = until_full, .protects = sink_protects,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -296,6 +303,9 @@ static void h2o_keep(const KVPolicy *p, int lane, const KVLane *ln, int t, doubl
     for (int i = 0; i < ln->n_live; i++) score[i] = i < end ? *rank_f32(ln, i) : INFINITY;
 }
 
+/* protects: positions > pos_now - recent are never candidates (candidates_end) */
+static int recent_protects(const KVPolicy *p) { return ((const RecentState *)p->state)->recent; }
+
 static void recent_describe(const KVPolicy *p, char *buf, size_t len) {
     snprintf(buf, len, "recent=%d", ((const RecentState *)p->state)->recent);
 }
@@ -307,7 +317,7 @@ static const KVPolicyOps policy_h2o = {
     .summary = "h2o:N,recent=R keeps the R most recent + the heaviest accumulated attention (H2O)",
     .options = "recent=R (default N/2)", .reason = "lowest accumulated attention outside recent", .needs_budget = 1,
     .evicts = 1, .init = h2o_init, .meta_bytes_per_slot = meta_4, .observe = h2o_observe, .evict = h2o_evict,
-    .describe = recent_describe, .keep_score = h2o_keep,
+    .describe = recent_describe, .keep_score = h2o_keep, .protects = recent_protects,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
     static const struct { int heads, kv_heads, hd; } shapes[] = {{9, 3, 64}, {6, 2, 12}, {4, 4, 80}, {8, 2, 8},
                                                                 {10, 2, 128}, {6, 1, 24}, {4, 2, 32}, {12, 2, 32}};
     /* scissorhands with drop= frees several slots at once, so chunks find room again in mid-stream */
-    static const char *specs[] = {"full", "window:37", "h2o:40,ktype=q8,vtype=q4", "sink:50,ktype=f16,vtype=bf16,pos=cache",
+    static const char *specs[] = {"full", "window:37", "h2o:40,ktype=q8,vtype=q4,residual=8", "sink:50,ktype=f16,vtype=bf16,pos=cache",
                                   "tova:33,ktype=q4,vtype=q8,residual=8", "scissorhands:45,pos=cache", "snapkv:64,type=q8",
                                   "scissorhands:45,drop=12,ktype=q8", "full,prec=f32:12/q8:20/q4",
                                   "full,kprec=f32:20/q4,vprec=f16:6/q8"};

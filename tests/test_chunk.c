@@ -4,7 +4,8 @@
  * policy that really is cross-layer: every lane evicts the slot at the rank where layer 0's first lane last put its
  * most attention, so at layer l > 0 it reads layer 0's state. Declared, chunks of 8 give the bits of token-by-token
  * decode; declared layer-local (wrongly), chunks of 8 give different logits, which shows the fallback is what makes
- * the first check pass. A registered layer-local policy (h2o) stays batched and bit-identical. */
+ * the first check pass. A registered layer-local policy (h2o) stays batched and bit-identical, and so do evicting
+ * lanes with bands where the policy's victims come from the oldest band alone (KVPolicyOps.protects). */
 #include "../run.h"
 #include "check.h"
 #include <stdlib.h>
@@ -26,6 +27,8 @@ static int xl_evict(KVPolicy *p, int lane, const KVLane *ln, int pos_now, int *v
 
 /* Logits of `n` tokens (n, vocab) fed `chunk` at a time through spec; cross = -1 keeps the registered policy, else
  * the test policy built on window's slot handling with cross_layer = cross. */
+static long batched;   /* the last run's (token, layer) pairs whose attention went a chunk at a time (chunk_steps) */
+
 static float *run(Model *m, const int *ids, int n, int chunk, const char *spec_text, int cross, KVPolicyOps *ops) {
     char err[512];
     KVShape shape = model_kv_shape(m, m->config.seq_len);
@@ -52,6 +55,7 @@ static float *run(Model *m, const int *ids, int n, int chunk, const char *spec_t
         if (forward_chunk(m, &s, &c, ids + t0, nt, t0)) { printf("forward_chunk failed at %d\n", t0); exit(1); }
         memcpy(all + (size_t)t0 * V, s.logits, (size_t)nt * V * sizeof(float));
     }
+    batched = c.chunk_steps;
     state_free(&s);
     kv_cache_free(&c);
     return all;
@@ -92,6 +96,30 @@ int main(void) {
     float *h8 = run(&m, ids, N, 8, "h2o:12", -1, &ops);
     CHECK(h1 && h8 && !memcmp(h1, h8, bytes), "h2o (layer-local): -chunk 8 batched and bit-identical over %d tokens", N);
     free(h1); free(h8);
+    /* evicting lanes with bands (residual=4: the 4 newest tokens in f32, the older ones in q4): a chunk at a time
+       where the policy's victims come from the oldest band alone (h2o's recent=8 protects the 7 newest, more than
+       the residual's 4: KVPolicyOps.protects), token by token at steady state where they may not (recent=2; tova
+       promises nothing); bit-identical either way */
+    long all_steps = (long)N * m.config.n_layers;
+    const struct { const char *spec; int chunked; } ev[] = {
+        {"h2o:16,type=q4,residual=4", 1}, {"window:16,prec=f32:4/q8:4/q4", 1}, {"sink:16,sinks=2,type=q4,residual=4", 1},
+        {"h2o:16,recent=2,type=q4,residual=4", 0}, {"tova:16,type=q4,residual=4", 0},
+    };
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++) {
+        float *e1 = run(&m, ids, N, 1, ev[i].spec, -1, &ops);
+        long b1 = batched;
+        float *e8 = run(&m, ids, N, 8, ev[i].spec, -1, &ops);
+        CHECK(e1 && e8 && !memcmp(e1, e8, bytes), "%s: -chunk 8 bit-identical to token by token over %d tokens",
+              ev[i].spec, N);
+        if (ev[i].chunked)
+            CHECK(b1 == 0 && batched == all_steps, "%s: every (token, layer) of -chunk 8 attended in chunks (%ld of %ld)",
+                  ev[i].spec, batched, all_steps);
+        else   /* the first 16 tokens fill the lanes: chunks until the first eviction */
+            CHECK(batched > 0 && batched <= 16L * m.config.n_layers,
+                  "%s: -chunk 8 goes token by token once lanes evict (%ld of %ld (token, layer) pairs in chunks)",
+                  ev[i].spec, batched, all_steps);
+        free(e1); free(e8);
+    }
     model_close(&m);
     CHECK_EXIT();
 }

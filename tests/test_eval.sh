@@ -61,11 +61,14 @@ done
 # model of 768 positions, 700 tokens at -c 640 give full lanes of three blocks, sparse lanes (h2o, tova) whose
 # blocks hold a few rows each, and chunks that begin, end and straddle a block's edge (7 and 60 divide no multiple of
 # 256 below 700; 64 does); decode on 1 thread against 2 (blocks spread over the threads); banded lanes (residual=,
-# prec=, kprec=, vprec=) recode tokens into older bands as the chunk passes (attn_cpu.c, attend_union) ---
+# prec=, kprec=, vprec=) recode tokens into older bands as the chunk passes (attn_cpu.c, attend_union), also while
+# they evict (h2o, sink, window: their victims come from the oldest band; h2o:200,recent=20 with residual=32 cannot
+# promise that and goes token by token) ---
 ids 700 5 >"$tmp/long.txt"
 LONG=("${EXAMPLES[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sinks=4 -kv h2o:200,recent=20 -kv tova:150
       -kv window:300,pos=cache -kv window:300,type=q4 -kv full,type=q8,residual=64 -kv full,prec=f32:64/q8:100/q4
-      -kv full,prec=f32:40/q8:5/q4 -kv full,kprec=f32:30/q4,vprec=f16:7/q8 -kv h2o:300,type=q4,residual=64)
+      -kv full,prec=f32:40/q8:5/q4 -kv full,kprec=f32:30/q4,vprec=f16:7/q8 -kv h2o:300,type=q4,residual=64
+      -kv sink:300,sinks=4,type=q4,residual=32 -kv window:250,prec=f32:16/q8:64/q4 -kv h2o:200,recent=20,type=q8,residual=32)
 # two shapes: head_dim 8 with GQA groups of 4 (the portable kernels), head_dim 64 with groups of 3 (SmolLM2's: the
 # vector kernels, four tokens at a time in the chunk paths)
 for shape in "64 8 2" "192 3 1"; do

@@ -3,7 +3,7 @@
 # portable C, token by token (kv_attend_cpu) and in chunks (kv_attend_chunk, chunks of 1 to 64 tokens), on 1 and 2
 # threads: tests/kv_dump.c hashes every output and probability over 80 cases (8 shapes: head_dim 8, 12, 24, 32, 64,
 # 80 and 128, GQA groups of 1 to 6; 10 specs: every storage type, residual, precision bands (prec=, kprec=, vprec=),
-# both position modes, evicting policies, slots freed several at a time), built both ways.
+# both position modes, evicting policies (one with a residual band), slots freed several at a time), built both ways.
 set -u
 cd "$(dirname "$0")/.."
 bin=${1:-tests/bin}

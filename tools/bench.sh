@@ -18,7 +18,10 @@
 #    8, 16: tok/s over all sequences and against S = 1, in the ppl rounds;
 #  - optionally llama.cpp: LLAMA_BENCH=/path/llama-bench with LLAMA_F32=... and LLAMA_Q8=... GGUFs runs
 #    `llama-bench -p 0 -n 128 -t THREADS` on each, in the same rounds, and `llama-bench -pg 4032,64` on the f32 GGUF
-#    in the long-context rounds (decode after a 4,032-token prompt) (llama.cpp is never a dependency).
+#    in the long-context rounds (prompt and decode together); where llama-batched-bench sits beside llama-bench,
+#    also its decode alone at the long contexts' depths (`-npp 4096,8192 -ntg 32 -npl 1`: 32 tokens decoded after
+#    a prompt of 4,096 or 8,192, as kvlab's -lengths records; llama.cpp's default f16 KV), against kvlab's f32 and
+#    q8 KV decode (mean tok/s of the same 32 steps) in the same round (llama.cpp is never a dependency).
 # Rounds are interleaved (bw, f32, q8, [llama f32, llama q8], ppl 64, ppl 1), min/median/max over BENCH_RUNS rounds
 # (default 5; BENCH_PPL_RUNS, default 3, of them also run ppl). Threads: OMP_NUM_THREADS (default 2). The load
 # average is printed at the start and the end: on a busy machine the figures are not the machine's.
@@ -80,8 +83,14 @@ bw, wb = float(sys.argv[2]) * 1e9, float(sys.argv[3])
 for l in open(sys.argv[1]):
     r = json.loads(l)
     limit_ms = (wb + r["kv_read_bytes_per_step"]) / bw * 1e3
-    print("%s %d %.3f %.4f" % ("q8" if "q8" in r["kv"] else "f32", r["context"], r["decode_ms_p50"], limit_ms / r["decode_ms_p50"]))
+    print("%s %d %.3f %.4f %.3f" % ("q8" if "q8" in r["kv"] else "f32", r["context"], r["decode_ms_p50"],
+                                    limit_ms / r["decode_ms_p50"], r["decode_tok_s"]))
 PY
+}
+LLAMA_BATCHED=${LLAMA_BENCH:+$(dirname "$LLAMA_BENCH")/llama-batched-bench}
+llama_depth() {   # -> "context S_TG" lines: llama.cpp's decode tok/s after a prompt of each long context >= 4096
+    "$LLAMA_BATCHED" -m "$LLAMA_F32" -c 8224 -b 2048 -ub 512 -npp 4096,8192 -ntg 32 -npl 1 -t "$OMP_NUM_THREADS" \
+        2>/dev/null | awk -F'|' '$2 + 0 >= 4096 { gsub(/ /, ""); print $2, $9 }'
 }
 batch() {   # -> "S tok/s" lines
     build/batch_bench "$F32" -p 256 -d 32 -r 1 1 2 4 8 16 | awk 'NR > 1 { print $1, $3 }'
@@ -115,7 +124,18 @@ for r in $(seq 1 "$RUNS"); do
             R[batch_x_$S]+="$(awk -v a="$tps" -v b="$b1" 'BEGIN { printf "%.2f", a / b }') "; done < <(batch)
     fi
     if [ "$r" -le "$LONG_RUNS" ]; then
-        while read -r kt ctx ms frac; do R[long_${kt}_$ctx]+="$ms "; R[long_frac_${kt}_$ctx]+="$frac "; done < <(long_decode "${R[bw_last]}")
+        declare -A TPS=()
+        while read -r kt ctx ms frac tps; do
+            R[long_${kt}_$ctx]+="$ms "; R[long_frac_${kt}_$ctx]+="$frac "; TPS[${kt}_$ctx]=$tps
+        done < <(long_decode "${R[bw_last]}")
+        if [ -n "${LLAMA_F32:-}" ] && [ -x "${LLAMA_BATCHED:-}" ]; then
+            while read -r ctx tg; do
+                R[llama_tg_$ctx]+="$tg "
+                for kt in f32 q8; do
+                    R[llama_x_${kt}_$ctx]+="$(awk -v a="${TPS[${kt}_$ctx]}" -v b="$tg" 'BEGIN { printf "%.3f", a / b }') "
+                done
+            done < <(llama_depth)
+        fi
         if [ -n "${LLAMA_BENCH:-}" ] && [ -n "${LLAMA_F32:-}" ]; then
             R[llama_pg]+="$("$LLAMA_BENCH" -m "$LLAMA_F32" -p 0 -n 0 -pg 4032,64 -t "$OMP_NUM_THREADS" -o json 2>/dev/null |
                 grep -o '"avg_ts": *[0-9.]*' | grep -o '[0-9.]*$' | tail -1) "
@@ -147,5 +167,10 @@ for kt in f32 q8; do for ctx in "${LONG_CTX[@]}"; do
     row "  fraction of (weights + KV read) / bw" "long_frac_${kt}_$ctx"
 done; done
 row "llama.cpp f32 -pg 4032,64, tok/s (prompt+gen)" llama_pg
+for ctx in "${LONG_CTX[@]}"; do
+    row "llama.cpp f32 decode after $ctx (f16 KV), tok/s" "llama_tg_$ctx"
+    row "  kvlab f32 KV / llama.cpp (same round)" "llama_x_f32_$ctx"
+    row "  kvlab q8 KV / llama.cpp (same round)" "llama_x_q8_$ctx"
+done
 for S in 1 2 4 8 16; do row "S=$S sequences in one batch, tok/s" "batch_$S"; row "  vs S=1 (same round)" "batch_x_$S"; done
 echo "bench: load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

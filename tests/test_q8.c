@@ -83,6 +83,30 @@ static void test_group(void) {
     for (int j = 0; j < Q8_GROUP; j++) inf_ok &= q[j] == 0;
     CHECK(d0 == 0 && nan_ok && inf_ok, "zero group has d = 0; a NaN value becomes 0; a group with an infinity gets "
           "d = inf and zeros (defined, dequantizes to NaN)");
+    /* quant_q8_group (vector where the build has AVX-512) against the scalar definition, bit for bit: halves that
+       round away from zero (127 in the group makes d = 1, so v = x exactly), just below a half, signed zeros,
+       subnormals, NaN and infinities, then random groups of every magnitude */
+    static const float edge[] = {127.0f, 0.5f, -0.5f, 1.5f, -2.5f, 126.5f, -126.5f, 0.49999997f, -0.49999997f,
+                                 -0.0f, 1e-45f, -3e-39f, 126.49999f, -127.0f, 63.5f, -63.5f, 2.4999998f, 3.5f,
+                                 -1.0000001f, 0.50000006f, -126.50001f, 100.5f, -99.5f, 7.0f, -7.5f, 0.0f, 12.5f,
+                                 -12.5f, 64.0f, -64.5f, 1.0f, -1.5f};
+    int8_t qc[Q8_GROUP];
+    int diff = 0, groups = 0;
+    for (int trial = 0; trial < 20003; trial++, groups++) {
+        if (trial == 0) memcpy(x, edge, sizeof x);
+        else if (trial == 1) { memcpy(x, edge, sizeof x); x[0] = NAN; x[7] = INFINITY; }
+        else if (trial == 2) { memcpy(x, edge, sizeof x); x[0] = -INFINITY; }
+        else {
+            float sc = powf(10.0f, 12 * urand() - 6);
+            for (int j = 0; j < Q8_GROUP; j++) x[j] = sc * urand();
+            if (trial % 7 == 0) x[trial % Q8_GROUP] = NAN;
+        }
+        float dv = quant_q8_group(q, x), dc = quant_q8_group_c(qc, x);
+        diff += memcmp(&dv, &dc, sizeof dv) != 0 || memcmp(q, qc, sizeof q) != 0;
+    }
+    CHECK(diff == 0, "quant_q8_group gives quant_q8_group_c's bits (scale and values) over %d groups: edge values "
+          "(halves, just below halves, signed zeros, subnormals, NaN, infinities) and random magnitudes (%d differ)",
+          groups, diff);
 }
 
 /* The documented q8 arithmetic, written out: per group 8 int32 sums of 4 products, acc_m += (float)s_m * (dw*dx),

@@ -1090,11 +1090,12 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
  * A rank the gather does not find in U (the band of a rank other than predicted) is a kv.c bug: it aborts. Only under
  * pos=orig (under pos=cache a key's rotation is its rank, which changes as slots are freed) and where attend_static's
  * other conditions hold. An evicting lane with bands goes a chunk at a time only where its policy promises victims
- * from the oldest band alone (KVPolicyOps.protects: h2o's recent=, window, sink), so that it stays packed and U is
- * built as for a banded lane (a rank that recodes while the chunk passes, twice), the steps' gather finding each
- * live rank by its position and its band then; other evicting lanes with bands go token by token (which band an
- * eviction frees, and so which tokens recode, would depend on the policy's choice). tests/test_eval.sh checks every
- * registered policy and banded specs, evicting ones among them, at -chunk 5, 7 and 64 against -chunk 1, bit for bit. */
+ * from the oldest band alone (KVPolicyOps.protects: recent= of h2o and scissorhands, window, sink), so that it
+ * stays packed and U is built as for a banded lane (a rank that recodes while the chunk passes, twice), the steps'
+ * gather finding each live rank by its position and its band then; other evicting lanes with bands go token by
+ * token (which band an eviction frees, and so which tokens recode, would depend on the policy's choice).
+ * tests/test_eval.sh checks every registered policy and banded specs, evicting ones among them, at -chunk 5, 7 and
+ * 64 against -chunk 1, bit for bit. */
 
 /* How many of the next tokens of layer l, from position t, attend_union may run as one chunk of evicting lanes:
  * chunk_room's conditions but the bands, pos=orig, a policy that evicts, and no alloc=ada (its lanes shrink

@@ -389,10 +389,10 @@ typedef struct {
      * token, h2o, tova, ...). */
     int (*full_prefix)(const KVPolicy *p);
     /* The newest positions evict never names: R such that every rank it frees before storing the token at pos_now
-     * holds a position <= pos_now - R (h2o: recent=R; window:W, W; sink:N,sinks=S, N - S). With bands (residual=,
-     * prec=), R - 1 at least the slots of every band but the oldest means victims come from the oldest band only, so
-     * the lane stays packed and which tokens recode is a rule of their ages: a chunk of such a lane may attend over a
-     * union of rows (attn_cpu.c, attend_union). NULL: none promised (such lanes go token by token). */
+     * holds a position <= pos_now - R (h2o, scissorhands: recent=R; window:W, W; sink:N,sinks=S, N - S). With
+     * bands (residual=, prec=), R - 1 at least the slots of every band but the oldest means victims come from the
+     * oldest band only, so the lane stays packed and which tokens recode is a rule of their ages: a chunk of such a
+     * lane may attend over a union of rows (attn_cpu.c, attend_union). NULL: none promised (token by token). */
     int (*protects)(const KVPolicy *p);
 } KVPolicyOps;
 

@@ -493,6 +493,9 @@ static int scissors_evict(KVPolicy *p, int lane, const KVLane *ln, int t, int *v
     return n;
 }
 
+/* protects: positions > pos_now - recent are never candidates (candidates_end) */
+static int scissors_protects(const KVPolicy *p) { return ((const ScissorsState *)p->state)->recent; }
+
 static void scissors_describe(const KVPolicy *p, char *buf, size_t len) {
     const ScissorsState *st = p->state;
     snprintf(buf, len, "recent=%d history=%d drop=%d", st->recent, st->history, st->drop);
@@ -505,7 +508,7 @@ static const KVPolicyOps policy_scissorhands = {
     .options = "recent=R, history=H (default N/4 each), drop=M (default 1)",
     .reason = "most often below 1/n attention over the history", .needs_budget = 1, .evicts = 1,
     .init = scissors_init, .meta_bytes_per_slot = scissors_meta_bytes, .observe = scissors_observe,
-    .evict = scissors_evict, .describe = scissors_describe,
+    .evict = scissors_evict, .describe = scissors_describe, .protects = scissors_protects,
 };
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -103,7 +103,8 @@ int main(void) {
     long all_steps = (long)N * m.config.n_layers;
     const struct { const char *spec; int chunked; } ev[] = {
         {"h2o:16,type=q4,residual=4", 1}, {"window:16,prec=f32:4/q8:4/q4", 1}, {"sink:16,sinks=2,type=q4,residual=4", 1},
-        {"h2o:16,recent=2,type=q4,residual=4", 0}, {"tova:16,type=q4,residual=4", 0},
+        {"scissorhands:16,recent=6,drop=3,type=q4,residual=4", 1}, {"h2o:16,recent=2,type=q4,residual=4", 0},
+        {"tova:16,type=q4,residual=4", 0},
     };
     for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++) {
         float *e1 = run(&m, ids, N, 1, ev[i].spec, -1, &ops);

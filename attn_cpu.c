@@ -1097,36 +1097,6 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
  * tests/test_eval.sh checks every registered policy and banded specs, evicting ones among them, at -chunk 5, 7 and
  * 64 against -chunk 1, bit for bit. */
 
-/* How many of the next tokens of layer l, from position t, attend_union may run as one chunk of evicting lanes:
- * chunk_room's conditions but the bands, pos=orig, a policy that evicts, and no alloc=ada (its lanes shrink
- * together, layer-wide); INT_MAX with one band. With bands, only where the policy's victims always come from the
- * oldest band (protects: R - 1 at least the slots of every newer band) and every lane is packed now, so that each
- * token's band stays a rule of its age while the chunk passes; then no more than any band but the oldest (one
- * boundary at most per token: chunk_banded's rule). 0 when none can. */
-static int lane_packed(const KVCache *c, const KVLane *ln);
-static int chunk_evicts(const KVCache *c, int l, int t) {
-    const KVPolicyOps *ops = c->policy.ops;
-    if (c->device || c->kgroup || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
-        || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada || c->merge_evict
-        || c->spec.pos != POS_ORIG || !ops->evict)
-        return 0;
-    if (c->n_bands < 2) return INT_MAX;
-    if (!ops->protects || c->pool) return 0;
-    int H = c->shape.n_kv_heads, room = INT_MAX, R = ops->protects(&c->policy);
-    for (int g = 0; g < H; g++) {
-        const KVLane *ln = &c->lanes[l * H + g];
-        if (!lane_packed(c, ln)) return 0;
-        int oldest = c->n_bands - 1, newer = 0;
-        while (oldest > 0 && ln->band_slots[oldest] == 0) oldest--;
-        for (int b = 0; b < oldest; b++) {
-            newer += ln->band_slots[b];
-            room = ln->band_slots[b] < room ? ln->band_slots[b] : room;
-        }
-        if (R - 1 < newer) return 0;
-    }
-    return room;
-}
-
 /* The band that holds the token of age r (0: the newest) in a packed lane: the bands fill newest first. */
 static int packed_band(const KVCache *c, const KVLane *ln, int r) {
     int b = 0;
@@ -1149,25 +1119,60 @@ static int lane_packed(const KVCache *c, const KVLane *ln) {
     return 1;
 }
 
-/* How many of the next tokens of layer l, from position t, may attend as one chunk of a banded lane (attend_union,
- * above): chunk_room's conditions but the bands, pos=orig, no alloc=ada, no memory pool (a pool lane's band 0 grows
- * by pages), every lane packed; no more than any lane's free slots (nothing is evicted) and any band but its oldest
- * (one boundary at most per token). 0 when none can. */
-static int chunk_banded(const KVCache *c, int l, int t) {
+/* Whether attend_union may not run from position t whatever the lanes hold: chunk_room's conditions but the bands,
+ * and pos=orig, no alloc=ada (its lanes shrink together, layer-wide), no merge on eviction (chunk_evicts and
+ * chunk_banded both ask). */
+static int union_refused(const KVCache *c, int t) {
     const KVPolicyOps *ops = c->policy.ops;
-    if (c->n_bands < 2 || c->device || c->kgroup || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
-        || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada || c->merge_evict || c->pool
-        || c->spec.pos != POS_ORIG)
-        return 0;
-    int H = c->shape.n_kv_heads, room = c->budget;
+    return c->device || c->kgroup || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
+           || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada || c->merge_evict
+           || c->spec.pos != POS_ORIG;
+}
+
+/* Tokens a chunk of layer l's banded lanes may hold so that each crosses one band boundary at most: the fewest
+ * slots of any band but the oldest, over the lanes (INT_MAX when no lane has such a band); *newer: the most slots a
+ * lane holds in those bands. 0 when a lane is not packed. */
+static int packed_room(const KVCache *c, int l, int *newer) {
+    int H = c->shape.n_kv_heads, room = INT_MAX;
+    *newer = 0;
     for (int g = 0; g < H; g++) {
         const KVLane *ln = &c->lanes[l * H + g];
         if (!lane_packed(c, ln)) return 0;
-        room = ln->cap - ln->n_live < room ? ln->cap - ln->n_live : room;
-        int oldest = c->n_bands - 1;
+        int oldest = c->n_bands - 1, sum = 0;
         while (oldest > 0 && ln->band_slots[oldest] == 0) oldest--;
-        for (int b = 0; b < oldest; b++)
+        for (int b = 0; b < oldest; b++) {
+            sum += ln->band_slots[b];
             room = ln->band_slots[b] < room ? ln->band_slots[b] : room;
+        }
+        *newer = sum > *newer ? sum : *newer;
+    }
+    return room;
+}
+
+/* How many of the next tokens of layer l, from position t, attend_union may run as one chunk of evicting lanes:
+ * not union_refused, a policy that evicts; INT_MAX with one band. With bands, only where the policy's victims
+ * always come from the oldest band (protects: R - 1 at least the slots of every newer band) and every lane is
+ * packed now, so that each token's band stays a rule of its age while the chunk passes; then packed_room (one
+ * boundary at most per token: chunk_banded's rule). 0 when none can. */
+static int chunk_evicts(const KVCache *c, int l, int t) {
+    const KVPolicyOps *ops = c->policy.ops;
+    if (union_refused(c, t) || !ops->evict) return 0;
+    if (c->n_bands < 2) return INT_MAX;
+    if (!ops->protects || c->pool) return 0;
+    int newer, room = packed_room(c, l, &newer);
+    return ops->protects(&c->policy) - 1 >= newer ? room : 0;
+}
+
+/* How many of the next tokens of layer l, from position t, may attend as one chunk of a banded lane (attend_union,
+ * above): not union_refused, no memory pool (a pool lane's band 0 grows by pages), every lane packed; no more than
+ * any lane's free slots (nothing is evicted) and packed_room (one boundary at most per token). 0 when none can. */
+static int chunk_banded(const KVCache *c, int l, int t) {
+    if (c->n_bands < 2 || union_refused(c, t) || c->pool) return 0;
+    int H = c->shape.n_kv_heads, newer, room = packed_room(c, l, &newer);
+    room = c->budget < room ? c->budget : room;
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &c->lanes[l * H + g];
+        room = ln->cap - ln->n_live < room ? ln->cap - ln->n_live : room;
     }
     return room;
 }

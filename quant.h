@@ -55,17 +55,17 @@ static inline float quant_q8_group(int8_t *q, const float *x) {
     for (int j = 0; j < Q8_GROUP; j += 16) m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + j)), m);
     float amax = _mm512_reduce_max_ps(m);
     float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-    const __m512 top = _mm512_set1_ps(127.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f), half = _mm512_set1_ps(0.5f),
+                 one = _mm512_set1_ps(1.0f), vid = _mm512_set1_ps(id);
     for (int j = 0; j < Q8_GROUP; j += 16) {
-        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), _mm512_set1_ps(id));
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), vid);
         __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
         __m512 sgn = _mm512_or_ps(one, _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));   /* ±1 with v's sign */
         __m512 r = _mm512_mask_add_ps(t, up, t, sgn);
         r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_setzero_ps());
         r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, top, _CMP_GE_OQ), r, top);
-        r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, _mm512_sub_ps(_mm512_setzero_ps(), top), _CMP_LE_OQ), r,
-                                 _mm512_sub_ps(_mm512_setzero_ps(), top));
+        r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, bottom, _CMP_LE_OQ), r, bottom);
         _mm_storeu_si128((__m128i *)(void *)(q + j), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
     }
     return d;

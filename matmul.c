@@ -103,6 +103,49 @@ static inline __attribute__((always_inline)) void dot_f32_tile(float *out, size_
 #endif
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__)
+#define F32_PAIRS 1
+/* a pair tile: PAIR_P pairs (6 rows) x PAIR_T tokens, 24 zmm sums + 3 weight pairs + 1 x block of the 32 registers;
+ * on the 2-core Xeon, 64 tokens through SmolLM2's matmuls (2 threads) 170-173 GFLOP/s with 4 x 6 ymm tiles, 181-189
+ * with 4 pairs x 6 tokens, 187-209 with 3 x 8, 198-202 with 2 x 12 */
+#define PAIR_P 3
+#define PAIR_T 8
+/* The f32 arithmetic above, rows two at a time: one zmm holds the 8-wide blocks of rows 2p and 2p+1 (lanes 0-7 and
+ * 8-15) against the token's block broadcast to both halves, so every lane runs the same fused multiply-add sequence
+ * as its ymm lane in dot_f32_tile and each half is reduced by hsum8_ps: the same bits, twice the products per
+ * instruction (where the core has two 512-bit FMA units, as the 2-core Xeon this was measured on). Rows 2p, 2p+1 of
+ * the tile; P pairs, T tokens. */
+static inline __attribute__((always_inline)) void dot_f32_pairs(float *out, size_t ld_out, size_t ld_r,
+                                                                const float *w, size_t ldw, const float *x, int P,
+                                                                int T, int cols) {
+    __m512 acc[PAIR_P][PAIR_T];
+    for (int p = 0; p < P; p++)
+        for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= cols; j += 8) {
+        __m512 wv[PAIR_P];
+        for (int p = 0; p < P; p++) {
+            wv[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w + 2 * p * ldw + j)),
+                                       _mm256_loadu_ps(w + (2 * p + 1) * ldw + j), 1);
+            __asm__("" : "+v"(wv[p]));
+        }
+        for (int t = 0; t < T; t++) {
+            __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)t * cols + j));
+            __asm__("" : "+v"(xv));
+            for (int p = 0; p < P; p++) acc[p][t] = _mm512_fmadd_ps(wv[p], xv, acc[p][t]);
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < 2; h++) {
+                int r = 2 * p + h;
+                float s = hsum8_ps(h ? _mm512_extractf32x8_ps(acc[p][t], 1) : _mm512_castps512_ps256(acc[p][t]));
+                for (int jj = j; jj < cols; jj++) s = madd_f32(w[r * ldw + jj], x[(size_t)t * cols + jj], s);
+                out[(size_t)t * ld_out + r * ld_r] = s;
+            }
+}
+#endif
+
 /* q8: out = Σ_g dw_g·dx_g·Σ_j qw[j]·qx[j] over the groups of one weight row, the arithmetic tests/test_q8.c writes
  * out: per group, 8 exact int32 sums s_m of 4 consecutive products (values 4m..4m+3), then acc_m += (float)s_m ·
  * (dw·dx) in 8 f32 lanes (a multiply, then an add: no fused multiply-add), then the 8 lanes summed in order 0..7.
@@ -197,6 +240,21 @@ static struct {
                             cols / Q8_GROUP);                                                                        \
         else dot_f32_tile(out, ld_out, ld_r, (const float *)w, ld_r * cols, x, R, T, cols);                          \
         break;
+#ifdef F32_PAIRS
+/* an f32 tile of a chunk, R <= 2 PAIR_P rows x T <= PAIR_T tokens: the row pairs in zmm, an odd last row in ymm */
+#define PAIR_CASE(P, T)                                                                                              \
+    case (P) * 16 + (T): dot_f32_pairs(out, ld_out, 1, w, cols, x, P, T, cols); break;
+static void f32_pair_tile(float *out, size_t ld_out, const float *w, const float *x, int R, int T, int cols) {
+    if (R % 2) dot_f32_tile(out + R - 1, ld_out, 1, w + (size_t)(R - 1) * cols, cols, x, 1, T, cols);
+    switch (R / 2 * 16 + T) {
+    PAIR_CASE(1, 1) PAIR_CASE(1, 2) PAIR_CASE(1, 3) PAIR_CASE(1, 4) PAIR_CASE(1, 5) PAIR_CASE(1, 6) PAIR_CASE(1, 7)
+    PAIR_CASE(1, 8) PAIR_CASE(2, 1) PAIR_CASE(2, 2) PAIR_CASE(2, 3) PAIR_CASE(2, 4) PAIR_CASE(2, 5) PAIR_CASE(2, 6)
+    PAIR_CASE(2, 7) PAIR_CASE(2, 8) PAIR_CASE(3, 1) PAIR_CASE(3, 2) PAIR_CASE(3, 3) PAIR_CASE(3, 4) PAIR_CASE(3, 5)
+    PAIR_CASE(3, 6) PAIR_CASE(3, 7) PAIR_CASE(3, 8)
+    }
+}
+#undef PAIR_CASE
+#endif
 static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, const float *x, const int8_t *xq,
                         const float *xd, int q8, int R, int T, int cols) {
     switch (R * 8 + T) {
@@ -244,9 +302,12 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
     size_t row_bytes = matrix_bytes(W.type, 1, cols);
     /* tile shapes (rows × tokens) for chunks: f32 chunks use 3 × 4 (12 accumulators + 3 weight + 1 x register, 16
      * ymm; measured on Zen 3), or 4 × 6 where AVX-512VL gives 32 (24 + 4 + 1; on Zen 4, 64 tokens through
-     * SmolLM2's layer matmuls: 195 against 178 GFLOP/s); q8 chunks 2 × 3, whose per-row registers (qw, |qw|, dw)
-     * leave room for 6 sums */
-#if TILE_MAX > 4
+     * SmolLM2's layer matmuls: 195 against 178 GFLOP/s), or 6 × 8 as 3 row pairs in zmm where AVX-512F/DQ are
+     * there (dot_f32_pairs; not measured on Zen 4, whose 512-bit FMAs run as two 256-bit halves); q8 chunks 2 × 3,
+     * whose per-row registers (qw, |qw|, dw) leave room for 6 sums */
+#ifdef F32_PAIRS
+    int tr = n == 1 ? 1 : q8 ? 2 : 2 * PAIR_P, tt = n == 1 ? 1 : q8 ? 3 : PAIR_T;
+#elif TILE_MAX > 4
     int tr = n == 1 ? 1 : q8 ? 2 : 4, tt = n == 1 ? 1 : q8 ? 3 : 6;
 #else
     int tr = n == 1 ? 1 : q8 ? 2 : 3, tt = n == 1 ? 1 : q8 ? 3 : 4;
@@ -293,6 +354,12 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
             for (int t = 0; t < n; t += tt) {
                 int nt = n - t < tt ? n - t : tt;
                 for (int i = p; i < p_end; i += tr) {
+#ifdef F32_PAIRS
+                    if (!q8)
+                        f32_pair_tile(out + (size_t)t * rows + i, rows, (const float *)W.data + (size_t)i * cols,
+                                      x + (size_t)t * cols, p_end - i < tr ? p_end - i : tr, nt, cols);
+                    else
+#endif
                     matmul_tile(out + (size_t)t * rows + i, rows, 1, (const uint8_t *)W.data + (size_t)i * row_bytes,
                                 x + (size_t)t * cols, q8 ? act_q8.q + (size_t)t * cols : NULL,
                                 q8 ? act_q8.d + (size_t)t * (cols / Q8_GROUP) : NULL, q8,

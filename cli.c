@@ -99,9 +99,10 @@ static const FlagDef FLAGS[] = {
     {"-arrival", "STEPS", M_SERVE, "mean steps between arrivals (exponential, seeded), default 2 (generated), 0 "
      "(ShareGPT: all at once); 0 = all at step 0"},
     {"-max-seqs", "N", M_SERVE, "sequences decoded in one batch at most, default 16"},
-    {"-prefix", "N", M_SERVE | M_TASK, "1 (default): serve: prefix caching of full's prompt pages (vLLM's automatic "
-     "prefix caching); task: policies that only store over a prompt's first tokens (full, window, sink, random, "
-     "snapkv) start from one shared full-cache prefill of them, bit for bit as their own; 0: off"},
+    {"-prefix", "N", M_SERVE | M_TASK | M_PASSKEY, "1 (default): serve: prefix caching of full's prompt pages "
+     "(vLLM's automatic prefix caching); task, passkey: policies that only store over a prompt's first tokens (full, "
+     "window, sink, random, snapkv; quest and topk with prompt=dense) start from one shared full-cache prefill of "
+     "them, bit for bit as their own; 0: off"},
     {"-shadow", "N", M_SERVE, "1: each finished request's KL and top-1 against its own full-cache shadow at every "
      "token it was served, in a second pass after the trace (its served tokens fed to full in f32, compared with the "
      "logits serving kept); 2: also replay each request alone through its policy and check its logits equal the "

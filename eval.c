@@ -1463,33 +1463,149 @@ int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chun
     return 0;
 }
 
-/* Ask one question: encode text (a new document when `fresh`: cache reset, BOS per the model, the prompt end told
- * to the policy), prefill it from *pos, answer greedily. Returns the answer's first integer, or PK_*;
- * *n_prompt = the tokens prefilled. */
-static long passkey_ask(Model *m, PolicyRun *r, const char *text, int fresh, int *pos, int chunk, int max_new,
-                        char *answer, size_t cap, size_t *n_prompt) {
-    int *ids = NULL;
-    size_t n = 0, c2 = 0;
-    encode_append(m, text, fresh && m->tokenizer.add_bos, &ids, &n, &c2);
+/* Ask policy r one question: ids[0..n) prefilled from *pos, then answered greedily. fresh: a new document (the cache
+ * reset, the prompt's length told to the policy, *pos = 0), whose first `from` tokens are moved in from `shared`, a
+ * `full,type=f32` cache that holds them (from <= kv_full_prefix of r's cache and a whole number of chunks: bit for
+ * bit what r's own prefill of them leaves; tests/test_passkey.sh compares with -prefix 0); from 0: none. Returns the
+ * answer's first integer, or PK_*. */
+static long passkey_ask(Model *m, PolicyRun *r, const int *ids, size_t n, int fresh, const KVCache *shared, int from,
+                        int *pos, int chunk, int max_new, char *answer, size_t cap) {
     if (fresh) {
         kv_cache_reset(&r->cache);
         kv_set_prompt_len(&r->cache, (int)n);
         *pos = 0;
+        r->asked.n = 0;   /* for -kvlog: the token at each position */
     }
-    *n_prompt = n;
-    if (fresh) r->asked.n = 0;   /* for -kvlog: the token at each position */
     for (size_t i = 0; i < n; i++) ids_push(&r->asked, ids[i]);
     answer[0] = 0;
-    int pre = prefill(m, r, ids, n, pos, chunk);
-    long got = pre == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : pre;
-    free(ids);
-    return got;
+    if (from > 0) {
+        KVCache tmp;
+        char err[512];
+        if (kv_cache_clone(&tmp, shared, err, sizeof err) || kv_cache_transfer(&r->cache, &tmp, from, err, sizeof err))
+            fatal("-m passkey: moving the shared prefill into '%s': %s", r->cache.spec.text, err);
+        kv_cache_free(&tmp);
+        *pos = from;
+    }
+    int pre = prefill(m, r, ids + from, n - (size_t)from, pos, chunk);
+    return pre == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : pre;
+}
+
+/* The shared prefill of one prompt (-prefix 1): each policy's share of it, from[k] = kv_full_prefix of its cache
+ * (reset, told the prompt's length) below the last prompt token (whose logits are the policy's own answer) and cut to
+ * whole chunks, so the policy's own chunks are those it would prefill alone; order: the policies by increasing share,
+ * so the one full-cache prefill in `pre` only grows. Without sharing every from[k] is 0. */
+static void passkey_share_plan(PolicyRun *runs, int n_pol, int share, size_t n, int chunk, int *from, int *order) {
+    for (int k = 0; k < n_pol; k++) {
+        from[k] = 0;
+        if (share) {
+            kv_cache_reset(&runs[k].cache);
+            kv_set_prompt_len(&runs[k].cache, (int)n);
+            int f = kv_full_prefix(&runs[k].cache);
+            from[k] = (f < (int)n - 1 ? f : (int)n - 1) / chunk * chunk;
+        }
+        int j = k;
+        for (; j > 0 && from[order[j - 1]] > from[k]; j--) order[j] = order[j - 1];
+        order[j] = k;
+    }
 }
 
 /* "NAME":integer, or null with "NAME_status":"no_number" (no digits in the answer) or "cache_full". */
 static void json_answer(Line *l, const char *name, long got) {
     if (got >= 0) line_printf(l, "\"%s\":%ld", name, got);
     else line_printf(l, "\"%s\":null,\"%s_status\":\"%s\"", name, name, got == PK_CACHE_FULL ? "cache_full" : "no_number");
+}
+
+/* One prompt of the passkey grid: its tokens, and for the record where the key sentence and the question start. */
+typedef struct {
+    int *ids;
+    size_t n;
+    int length, li, di, n_junk, key_pos, question_pos;
+    double depth;
+    int keys[2];   /* the key (keys[1]: the two-turn variant's second key) */
+    int two;       /* the two-turn variant (at the longest length; a second question follows the first answer) */
+} PkPrompt;
+
+/* Every policy asked one prompt, in the order of their shares of the prefill (passkey_share_plan; `pre` grows to
+ * each share), each answer recorded (-o) and counted in ok/asked (cell li, di) or two_ok/two_asked. Returns 0 or
+ * PK_STOPPED (the policy being asked is dropped). */
+typedef struct {
+    Model *m;
+    const Options *o;
+    PolicyRun *runs, *pre;
+    int n_pol, n_cells, chunk, max_new, share;
+    int *from, *order, *ok, *asked, *two_ok, *two_asked;
+    double *secs, pre_secs;
+    long shared_tokens, own_tokens;
+    OutFile *out;
+    Line *ln;
+    Provenance *pv;
+} PkJob;
+
+static int passkey_prompt_all(PkJob *j, const PkPrompt *p) {
+    char answer[512];
+    passkey_share_plan(j->runs, j->n_pol, j->share, p->n, j->chunk, j->from, j->order);
+    int pre_pos = 0;
+    if (j->share) {
+        kv_cache_reset(&j->pre->cache);
+        kv_set_prompt_len(&j->pre->cache, (int)p->n);
+    }
+    for (int q = 0; q < j->n_pol; q++) {
+        int k = j->order[q], from = j->from[k];
+        PolicyRun *r = &j->runs[k];
+        if (from > pre_pos) {
+            double t0 = now_s();
+            int rc = prefill(j->m, j->pre, p->ids + pre_pos, (size_t)(from - pre_pos), &pre_pos, j->chunk);
+            j->pre_secs += now_s() - t0;
+            if (rc == PK_STOPPED) return rc;
+            if (rc) fatal("-m passkey: the shared prefill of %d tokens did not fit -c %d", from, j->pre->cache.shape.seq_len);
+        }
+        double t0 = now_s();
+        int pos;
+        long got = passkey_ask(j->m, r, p->ids, p->n, 1, &j->pre->cache, from, &pos, j->chunk, j->max_new, answer,
+                               sizeof answer), second = PK_CACHE_FULL;
+        if (p->two && got != PK_CACHE_FULL && got != PK_STOPPED) {   /* the same cache, continued */
+            int *ids2 = NULL;
+            size_t n2 = 0, cap2 = 0;
+            encode_append(j->m, " What is the second pass key? The second pass key is", 0, &ids2, &n2, &cap2);
+            second = passkey_ask(j->m, r, ids2, n2, 0, NULL, 0, &pos, j->chunk, j->max_new, answer, sizeof answer);
+            free(ids2);
+        }
+        j->secs[k] += now_s() - t0;
+        if (got == PK_STOPPED || second == PK_STOPPED) return PK_STOPPED;
+        j->shared_tokens += from;
+        j->own_tokens += (long)p->n - from;
+        Line *ln = j->ln;
+        if (!p->two) {
+            j->ok[k * j->n_cells + p->li * MAX_PASSKEY_CELLS + p->di] += got == p->keys[0];
+            j->asked[k * j->n_cells + p->li * MAX_PASSKEY_CELLS + p->di]++;
+            if (j->out->fd < 0) continue;
+            line_printf(ln, "{\"mode\":\"passkey\",\"kv\":\"");
+            line_json_str(ln, r->cache.spec.text);
+            line_printf(ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.6g,\"key\":%d,"
+                        "\"key_pos\":%d,\"question_pos\":%d,\"fillers\":%d,", r->cache.policy.budget, p->length, p->n,
+                        p->depth, p->keys[0], p->key_pos, p->question_pos, p->n_junk);
+            json_answer(ln, "answer", got);
+            line_printf(ln, ",\"correct\":%s,\"answer_text\":\"", got == p->keys[0] ? "true" : "false");
+            line_json_str(ln, answer);
+            line_printf(ln, "\",");
+        } else {
+            j->two_ok[2 * k] += got == p->keys[0];
+            j->two_ok[2 * k + 1] += second == p->keys[1];
+            j->two_asked[k]++;
+            if (j->out->fd < 0) continue;
+            line_printf(ln, "{\"mode\":\"passkey2\",\"kv\":\"");
+            line_json_str(ln, r->cache.spec.text);
+            line_printf(ln, "\",\"budget\":%d,\"length\":%d,\"keys\":[%d,%d],", r->cache.policy.budget, p->length,
+                        p->keys[0], p->keys[1]);
+            json_answer(ln, "answer_first", got);
+            line_printf(ln, ",");
+            json_answer(ln, "answer_second", second);
+            line_printf(ln, ",\"answers\":[%ld,%ld],", got >= 0 ? got : -1, second >= 0 ? second : -1);
+        }
+        json_provenance_end(ln, j->pv);
+        outfile_line(j->out, ln);
+    }
+    return 0;
 }
 
 int run_passkey(Model *m, const Options *o) {
@@ -1545,108 +1661,113 @@ int run_passkey(Model *m, const Options *o) {
     for (int di = 0; di < n_depths; di++) fprintf(stderr, " %g", depths[di]);
     fprintf(stderr, ", %d keys per cell, seed %llu%s\n", n_keys_per_cell, (unsigned long long)seed,
             o->passkey2 ? "" : ", no two-turn variant (-passkey2 0)");
-    char answer[512];
+    /* Prompt by prompt, every policy in turn, all asked the same keys at the same depths. The policies that only
+     * store over a prompt's first tokens (kv_full_prefix: full; window, sink and random until a lane is full; snapkv
+     * until its observation window; quest and topk under prompt=dense until the prompt's end) start from one
+     * `full,type=f32` prefill of the prompt, moved into their cache at their share (-prefix 0: each prefills alone) */
+    int share = o->prefix, n_cells = MAX_PASSKEY_CELLS * MAX_PASSKEY_CELLS;
+    PolicyRun *runs = calloc((size_t)n_pol, sizeof *runs), pre;
+    PkJob job = {m, o, runs, &pre, n_pol, n_cells, chunk, max_new, share,
+                 calloc((size_t)n_pol, sizeof(int)), calloc((size_t)n_pol, sizeof(int)),
+                 calloc((size_t)n_pol * n_cells, sizeof(int)), calloc((size_t)n_pol * n_cells, sizeof(int)),
+                 calloc((size_t)n_pol * 2, sizeof(int)), calloc((size_t)n_pol, sizeof(int)),
+                 calloc((size_t)n_pol, sizeof(double)), 0, 0, 0, &out, &ln, &pv};
+    if (!runs || !job.from || !job.order || !job.ok || !job.asked || !job.two_ok || !job.two_asked || !job.secs)
+        fatal("out of memory");
+    for (int k = 0; k < n_pol; k++) {
+        policy_run_init(&runs[k], m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
+        if (o->kvlog) kvlog_attach(&runs[k].kvlog, &kvlog, m, &runs[k].asked, &runs[k].cache);
+    }
+    if (share) policy_run_init(&pre, m, o, "full,type=f32", ctx, 0, chunk, NULL);
+    long total_tokens = 0, done_tokens = 0;
+    for (int li = 0; li < n_lens; li++)
+        if ((lens[li] - fixed) / per_junk >= 4) total_tokens += (long)lens[li] * n_depths * n_keys_per_cell * n_pol;
+    if (o->passkey2) total_tokens += (long)longest * n_keys_per_cell * n_pol;
     int stopped = 0;   /* SIGINT/SIGTERM: the question being asked is dropped, the records so far stay */
-    for (int k = 0; k < n_pol && !stopped; k++) {
-        rng = seed;   /* every policy is asked the same keys at the same depths */
-        PolicyRun r;
-        policy_run_init(&r, m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
-        if (o->kvlog) kvlog_attach(&r.kvlog, &kvlog, m, &r.asked, &r.cache);
-        double t_policy = now_s();
-        fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r.cache.spec.text, "");
+    double t_job = now_s();
+    for (int li = 0; li < n_lens && !stopped; li++) {
+        int n_junk = (lens[li] - fixed) / per_junk;
+        if (n_junk < 4) continue;   /* the instruction, key and question alone fill it: no depth to vary */
+        for (int di = 0; di < n_depths && !stopped; di++)
+            for (int rep = 0; rep < n_keys_per_cell && !stopped; rep++) {
+                PkPrompt p = {NULL, 0, lens[li], li, di, n_junk, 0, 0, depths[di], {0, 0}, 0};
+                p.keys[0] = 10000 + (int)(splitmix64(&rng) % 90000);
+                int i_pos = (int)(depths[di] * n_junk + 0.5);
+                const char *name = "";
+                char *text = passkey_text(n_junk, &i_pos, &p.keys[0], &name, 1, " What is the pass key? The pass key is");
+                /* where the key sentence and the question start in the prompt as built, in tokens */
+                const char *kp = strstr(text, " The pass key is"), *qp = strstr(text, " What is the pass key?");
+                p.key_pos = prefix_tokens(m, text, (size_t)(kp - text));
+                p.question_pos = prefix_tokens(m, text, (size_t)(qp - text));
+                size_t c2 = 0;
+                encode_append(m, text, m->tokenizer.add_bos, &p.ids, &p.n, &c2);
+                free(text);
+                stopped = passkey_prompt_all(&job, &p) == PK_STOPPED;
+                free(p.ids);
+                done_tokens += (long)lens[li] * n_pol;
+                progress(t_job, done_tokens, total_tokens, "passkey");
+            }
+    }
+    /* two turns (unless -passkey2 0), at the longest length: first key at depth 0.25, second at 0.75; one cache */
+    for (int rep = 0; rep < n_keys_per_cell && o->passkey2 && !stopped; rep++) {
+        int n_junk = (longest - fixed - 40) / per_junk;
+        if (n_junk < 2) n_junk = 2;
+        PkPrompt p = {NULL, 0, longest, 0, 0, n_junk, 0, 0, 0, {0, 0}, 1};
+        p.keys[0] = 10000 + (int)(splitmix64(&rng) % 90000);
+        p.keys[1] = 10000 + (int)(splitmix64(&rng) % 90000);
+        int i_pos[2] = {n_junk / 4, 3 * n_junk / 4};
+        const char *names[2] = {"first ", "second "};
+        char *text = passkey_text(n_junk, i_pos, p.keys, names, 2, " What is the first pass key? The first pass key is");
+        size_t c2 = 0;
+        encode_append(m, text, m->tokenizer.add_bos, &p.ids, &p.n, &c2);
+        free(text);
+        stopped = passkey_prompt_all(&job, &p) == PK_STOPPED;
+        free(p.ids);
+        done_tokens += (long)longest * n_pol;
+        progress(t_job, done_tokens, total_tokens, "passkey");
+    }
+    for (int k = 0; k < n_pol; k++) {
+        PolicyRun *r = &runs[k];
+        fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r->cache.spec.text, "");
         for (int di = 0; di < n_depths; di++) fprintf(stderr, " %6.4g", depths[di]);
         fprintf(stderr, "\n");
         int total_ok = 0, total = 0;
-        for (int li = 0; li < n_lens && !stopped; li++) {
-            int n_junk = (lens[li] - fixed) / per_junk;
+        for (int li = 0; li < n_lens; li++) {
             fprintf(stderr, "%8d", lens[li]);
-            if (n_junk < 4) {   /* the instruction, key and question alone fill it: no depth to vary */
+            if ((lens[li] - fixed) / per_junk < 4) {
                 fprintf(stderr, "  too short for a passkey prompt (%d tokens of fixed text); use a larger -c\n", fixed);
                 continue;
             }
-            for (int di = 0; di < n_depths && !stopped; di++) {
-                int ok = 0, asked = 0;
-                for (int rep = 0; rep < n_keys_per_cell; rep++) {
-                    int key = 10000 + (int)(splitmix64(&rng) % 90000);
-                    int i_pos = (int)(depths[di] * n_junk + 0.5);
-                    const char *name = "";
-                    char *text = passkey_text(n_junk, &i_pos, &key, &name, 1, " What is the pass key? The pass key is");
-                    /* where the key sentence and the question start in the prompt as built, in tokens */
-                    const char *kp = strstr(text, " The pass key is"), *qp = strstr(text, " What is the pass key?");
-                    int key_pos = prefix_tokens(m, text, (size_t)(kp - text));
-                    int question_pos = prefix_tokens(m, text, (size_t)(qp - text));
-                    int pos = 0;
-                    size_t n;
-                    long got = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n);
-                    free(text);
-                    if (got == PK_STOPPED) { stopped = 1; break; }
-                    ok += got == key;
-                    asked++;
-                    if (out.fd < 0) continue;
-                    line_printf(&ln, "{\"mode\":\"passkey\",\"kv\":\"");
-                    line_json_str(&ln, r.cache.spec.text);
-                    line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"prompt_tokens\":%zu,\"depth\":%.6g,\"key\":%d,"
-                                "\"key_pos\":%d,\"question_pos\":%d,\"fillers\":%d,", r.cache.policy.budget, lens[li], n,
-                                depths[di], key, key_pos, question_pos, n_junk);
-                    json_answer(&ln, "answer", got);
-                    line_printf(&ln, ",\"correct\":%s,\"answer_text\":\"", got == key ? "true" : "false");
-                    line_json_str(&ln, answer);
-                    line_printf(&ln, "\",");
-                    json_provenance_end(&ln, &pv);
-                    outfile_line(&out, &ln);
-                }
-                fprintf(stderr, "    %d/%d", ok, asked);
-                total_ok += ok;
-                total += asked;
+            for (int di = 0; di < n_depths; di++) {
+                int c = k * n_cells + li * MAX_PASSKEY_CELLS + di;
+                fprintf(stderr, "    %d/%d", job.ok[c], job.asked[c]);
+                total_ok += job.ok[c];
+                total += job.asked[c];
             }
             fprintf(stderr, "\n");
         }
-        /* two turns (unless -passkey2 0), at the longest length: first key at depth 0.25, second at 0.75; one cache */
-        int two_ok[2] = {0, 0}, two_asked = 0;
-        for (int rep = 0; rep < n_keys_per_cell && o->passkey2 && !stopped; rep++) {
-            int n_junk = (longest - fixed - 40) / per_junk;
-            if (n_junk < 2) n_junk = 2;
-            int keys[2] = {10000 + (int)(splitmix64(&rng) % 90000), 10000 + (int)(splitmix64(&rng) % 90000)};
-            int i_pos[2] = {n_junk / 4, 3 * n_junk / 4};
-            const char *names[2] = {"first ", "second "};
-            char *text = passkey_text(n_junk, i_pos, keys, names, 2, " What is the first pass key? The first pass key is");
-            int pos = 0;
-            size_t n;
-            long a = passkey_ask(m, &r, text, 1, &pos, chunk, max_new, answer, sizeof answer, &n), b = PK_CACHE_FULL;
-            if (a != PK_CACHE_FULL && a != PK_STOPPED)   /* the same cache, continued: nothing recomputed */
-                b = passkey_ask(m, &r, " What is the second pass key? The second pass key is", 0, &pos, chunk, max_new,
-                                answer, sizeof answer, &n);
-            free(text);
-            if (a == PK_STOPPED || b == PK_STOPPED) { stopped = 1; break; }
-            two_ok[0] += a == keys[0];
-            two_ok[1] += b == keys[1];
-            two_asked++;
-            if (out.fd < 0) continue;
-            line_printf(&ln, "{\"mode\":\"passkey2\",\"kv\":\"");
-            line_json_str(&ln, r.cache.spec.text);
-            line_printf(&ln, "\",\"budget\":%d,\"length\":%d,\"keys\":[%d,%d],", r.cache.policy.budget, longest, keys[0],
-                        keys[1]);
-            json_answer(&ln, "answer_first", a);
-            line_printf(&ln, ",");
-            json_answer(&ln, "answer_second", b);
-            line_printf(&ln, ",\"answers\":[%ld,%ld],", a >= 0 ? a : -1, b >= 0 ? b : -1);
-            json_provenance_end(&ln, &pv);
-            outfile_line(&out, &ln);
-        }
         if (o->passkey2)
-            fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d%s\n",
-                    r.cache.spec.text, total_ok, total, longest, two_ok[0], two_asked, two_ok[1], two_asked,
-                    stopped ? " (stopped early)" : "");
-        else fprintf(stderr, "%s: %d/%d correct%s\n", r.cache.spec.text, total_ok, total, stopped ? " (stopped early)" : "");
-        if (r.cache.tiers) {   /* over every token of every question, the wall time per token as its compute */
-            long steps = r.cache.steps_read;
-            double cs = steps ? (now_s() - t_policy) / steps : 0;
-            KVTierFigures x = tier_figures(&r.cache, NULL, steps, cs, o->link_gbs);
+            fprintf(stderr, "%s: %d/%d correct; two-turn at %d tokens: first key %d/%d, second key %d/%d, %.1f s%s\n",
+                    r->cache.spec.text, total_ok, total, longest, job.two_ok[2 * k], job.two_asked[k],
+                    job.two_ok[2 * k + 1], job.two_asked[k], job.secs[k], stopped ? " (stopped early)" : "");
+        else fprintf(stderr, "%s: %d/%d correct, %.1f s%s\n", r->cache.spec.text, total_ok, total, job.secs[k],
+                     stopped ? " (stopped early)" : "");
+        if (r->cache.tiers) {   /* over every token of every question, the policy's own wall time per token */
+            long steps = r->cache.steps_read;
+            double cs = steps ? job.secs[k] / steps : 0;
+            KVTierFigures x = tier_figures(&r->cache, NULL, steps, cs, o->link_gbs);
             fprintf(stderr, "memory tiers (modelled; the slow tier's link at %g GB/s, -link):\n", o->link_gbs);
-            tier_print(stderr, &r.cache, &x, cs);
+            tier_print(stderr, &r->cache, &x, cs);
         }
-        policy_run_free(&r);
     }
+    if (share && job.shared_tokens)
+        fprintf(stderr, "passkey: %ld prompt tokens moved in from one shared full-cache prefill per prompt (%.1f s), %ld "
+                "prefilled by the policies themselves (-prefix 0: all of them)\n", job.shared_tokens, job.pre_secs,
+                job.own_tokens);
+    for (int k = 0; k < n_pol; k++) policy_run_free(&runs[k]);
+    if (share) policy_run_free(&pre);
+    free(runs); free(job.from); free(job.order); free(job.ok); free(job.asked); free(job.two_ok); free(job.two_asked);
+    free(job.secs);
     if (stopped) fprintf(stderr, "passkey: stopped by %s: the question being asked was dropped; every answer above "
                          "is recorded\n", run_signal_name(run_signal));
     line_free(&ln);

@@ -13,7 +13,8 @@
 #    have no digit), correct = (answer == key);
 #  - the grid flags: -lengths 256,200 -depths 1,0.5 gives those cells in that order (2 keys each) and the two-turn
 #    variant at the longest length; -passkey2 0 skips it; a length over -c or too short for the fixed text is one
-#    error line naming it.
+#    error line naming it;
+#  - the shared prefill (-prefix 1) gives every record -prefix 0 gives, at -chunk 64, 7 and 1.
 # SKIPs without models/smollm2-135m-instruct.bin, and under KVLAB_SANITIZE (minutes under ASan; the normal build runs it).
 set -u
 cd "$(dirname "$0")/.."
@@ -116,6 +117,40 @@ cells0 = [(r["length"], r["depth"]) for r in b if r["mode"] == "passkey"]
 two0 = [r for r in b if r["mode"] == "passkey2"]
 print(("PASS " if cells0 == [(200, 0.25)] * 2 and not two0 else "FAIL ") +
       f"-lengths 200 -depths 0.25 -passkey2 0: {len(cells0)} records at {sorted(set(cells0))}, {len(two0)} two-turn")
+PY
+# the shared prefill (-prefix 1, the default): the policies that only store over a prompt's first tokens start from
+# one full-cache prefill of them; every record (answer, answer_text, positions, the two-turn answers) must equal
+# -prefix 0's, where each policy prefills alone, at -chunk 64 and 7 (-chunk 1: h2o left out, token by token is slow)
+PKP=(-kv full -kv window:48 -kv sink:48 -kv topk:16,prompt=dense -kv quest:32,prompt=dense -kv snapkv:64 -kv h2o:48)
+for cfg in 64:0 64:1 7:1 1:1; do
+    ch=${cfg%:*} pf=${cfg#*:} pols=("${PKP[@]}")
+    [ "$ch" = 1 ] && pols=("${PKP[@]:0:12}")
+    "$RUN" "$M" -m passkey -c 256 -lengths 256 -depths 0.25,0.75 -chunk "$ch" -prefix "$pf" "${pols[@]}" \
+        -o "$tmp/pf_$ch.$pf.jsonl" 2>"$tmp/pf_$ch.$pf.err" || echo "FAIL -m passkey -chunk $ch -prefix $pf: $(tail -n 2 "$tmp/pf_$ch.$pf.err")"
+done
+python3 - "$tmp" <<'PY'
+import json, re, sys
+d = sys.argv[1]
+def recs(name):
+    try: lines = open(f"{d}/pf_{name}.jsonl").read().splitlines()
+    except OSError: return []
+    out = []
+    for l in lines:
+        r = json.loads(l)
+        for k in ("cmd", "git", "threads"): r.pop(k, None)
+        out.append(json.dumps(r, sort_keys=True))
+    return sorted(out)
+ref = recs("64.0")
+for name in ("64.1", "7.1", "1.1"):
+    got = recs(name)
+    want = ref if name != "1.1" else sorted(r for r in ref if '"kv": "h2o:48"' not in r)
+    err = open(f"{d}/pf_{name}.err").read()
+    m = re.search(r"passkey: (\d+) prompt tokens moved in from one shared full-cache prefill per prompt", err)
+    moved = int(m.group(1)) if m else 0
+    kvs = sorted({json.loads(r)["kv"] for r in got})
+    print(("PASS " if got == want and len(got) >= 30 and moved > 0 else "FAIL ") +
+          f"-prefix 1 -chunk {name.split('.')[0]}: {len(got)} records of {len(kvs)} policies, every one equal to -prefix 0's "
+          f"(own prefill, -chunk 64): {got == want}; {moved} prompt tokens moved in from the shared prefill")
 PY
 expect_error() {   # NAME PATTERN ARGS...: exit 1, one stderr line (after the CPU note) matching PATTERN
     local name=$1 pat=$2; shift 2

@@ -363,12 +363,19 @@ def ppl(tokens, c, specs):
         t += k * a + attended(k, budget(s, c)) * b
     return t
 def passkey(c, specs, lens=None, per_len=10, two=True):
+    # full and the dense-prompt selections take their prompt from one shared full prefill per prompt (-prefix 1):
+    # counted once, then each policy's own answer
     t = 0
     if lens is None: lens = [L for L in (c // 4, c // 2, c) if L >= 182]   # shorter: too short for the prompt's fixed text
+    shared = [s for s in specs if "prompt=dense" in s or s.split(",")[0] == "full"]
+    if shared:
+        for L in lens: t += per_len * (L * a + attended(L, L) * b)
+        if two: t += 2 * (c * a + attended(c, c) * b)
     for s in specs:
+        own = s in shared
         B = c if "prompt=dense" in s else budget(s, c)   # a dense prompt attends to every token
-        for L in lens: t += per_len * (L * a + attended(L, B) * b + 8 * d)
-        if two: t += 2 * (c * a + attended(c, B) * b + 16 * d)
+        for L in lens: t += per_len * ((0 if own else L * a + attended(L, B) * b) + 8 * d)
+        if two: t += 2 * ((0 if own else c * a + attended(c, B) * b) + 16 * d)
     return t
 # selection (stream mode: every query selects): per token the matmuls, plus the keys a query scans: topk scores all
 # of them, quest a bound per page of 16 and its B, cluster its centroids (about 1 per 32 keys) and its B, blocks and

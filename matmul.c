@@ -224,6 +224,62 @@ static inline __attribute__((always_inline)) void dot_q8_tile(float *out, size_t
         }
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
+#define Q8_PAIRS 1
+#define Q8_PAIR_P 2   /* pairs of a q8 pair tile (4 rows) x Q8_PAIR_T tokens: 12 zmm sums */
+#define Q8_PAIR_T 6
+/* The q8 arithmetic above, rows two at a time: one zmm holds a group of rows 2p and 2p+1 (bytes 0-31 and 32-63, so
+ * int32 lanes 0-7 and 8-15) against the token's group broadcast to both halves; vpdpbusd of |qw| and qx negated where
+ * qw < 0 (a masked subtract: AVX-512 has no vpsignb) gives each lane's exact s_m, and the scale (dw of the lane's row
+ * times dx), the multiply and the add are those of the ymm lane: the same bits, two rows per instruction. Rows 2p,
+ * 2p+1 at w + (2p)·ldw and w + (2p+1)·ldw; P pairs, T tokens. */
+static inline __attribute__((always_inline)) void dot_q8_pairs(float *out, size_t ld_out, size_t ld_r,
+                                                               const BlockQ8 *w, size_t ldw, const int8_t *xq,
+                                                               const float *xd, int P, int T, int n_groups) {
+    __m512 va[Q8_PAIR_P][Q8_PAIR_T];
+    size_t cols = (size_t)n_groups * Q8_GROUP;
+    for (int p = 0; p < P; p++)
+        for (int t = 0; t < T; t++) va[p][t] = _mm512_setzero_ps();
+    for (int g = 0; g < n_groups; g++) {
+        __m512i aw[Q8_PAIR_P];
+        __mmask64 neg[Q8_PAIR_P];
+        __m512 dw[Q8_PAIR_P];
+        for (int p = 0; p < P; p++) {
+            const BlockQ8 *b0 = w + 2 * p * ldw + g, *b1 = w + (2 * p + 1) * ldw + g;
+            __m512i qw = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b0->q)),
+                                            _mm256_loadu_si256((const __m256i *)b1->q), 1);
+            neg[p] = _mm512_movepi8_mask(qw);
+            aw[p] = _mm512_abs_epi8(qw);
+            __asm__("" : "+v"(aw[p]));
+            dw[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(_cvtsh_ss(b0->d))),
+                                       _mm256_set1_ps(_cvtsh_ss(b1->d)), 1);   /* exact, as kv_f16_to_f32 */
+        }
+        for (int t = 0; t < T; t++) {
+            __m512i qx = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + t * cols + (size_t)g * Q8_GROUP)));
+            __m512 dx = _mm512_set1_ps(xd[(size_t)t * n_groups + g]);
+            __asm__("" : "+v"(qx));
+            for (int p = 0; p < P; p++) {
+                __m512i sx = _mm512_mask_sub_epi8(qx, neg[p], _mm512_setzero_si512(), qx);
+                __m512i s32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw[p], sx);
+                __m512 sc = _mm512_mul_ps(dw[p], dx);
+                va[p][t] = _mm512_add_ps(va[p][t], _mm512_mul_ps(_mm512_cvtepi32_ps(s32), sc));
+            }
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int t = 0; t < T; t++) {
+            float a[16];
+            _mm512_storeu_ps(a, va[p][t]);
+            for (int h = 0; h < 2; h++) {
+                float s = a[8 * h];
+                for (int m = 1; m < 8; m++) s += a[8 * h + m];
+                out[(size_t)t * ld_out + (2 * p + h) * ld_r] = s;
+            }
+        }
+}
+
+#endif
+
 /* The quantized activations of a q8 matmul: grown when a larger (n, cols) arrives, kept for the process (no
  * per-token allocation). */
 static struct {
@@ -240,21 +296,6 @@ static struct {
                             cols / Q8_GROUP);                                                                        \
         else dot_f32_tile(out, ld_out, ld_r, (const float *)w, ld_r * cols, x, R, T, cols);                          \
         break;
-#ifdef F32_PAIRS
-/* an f32 tile of a chunk, R <= 2 PAIR_P rows x T <= PAIR_T tokens: the row pairs in zmm, an odd last row in ymm */
-#define PAIR_CASE(P, T)                                                                                              \
-    case (P) * 16 + (T): dot_f32_pairs(out, ld_out, 1, w, cols, x, P, T, cols); break;
-static void f32_pair_tile(float *out, size_t ld_out, const float *w, const float *x, int R, int T, int cols) {
-    if (R % 2) dot_f32_tile(out + R - 1, ld_out, 1, w + (size_t)(R - 1) * cols, cols, x, 1, T, cols);
-    switch (R / 2 * 16 + T) {
-    PAIR_CASE(1, 1) PAIR_CASE(1, 2) PAIR_CASE(1, 3) PAIR_CASE(1, 4) PAIR_CASE(1, 5) PAIR_CASE(1, 6) PAIR_CASE(1, 7)
-    PAIR_CASE(1, 8) PAIR_CASE(2, 1) PAIR_CASE(2, 2) PAIR_CASE(2, 3) PAIR_CASE(2, 4) PAIR_CASE(2, 5) PAIR_CASE(2, 6)
-    PAIR_CASE(2, 7) PAIR_CASE(2, 8) PAIR_CASE(3, 1) PAIR_CASE(3, 2) PAIR_CASE(3, 3) PAIR_CASE(3, 4) PAIR_CASE(3, 5)
-    PAIR_CASE(3, 6) PAIR_CASE(3, 7) PAIR_CASE(3, 8)
-    }
-}
-#undef PAIR_CASE
-#endif
 static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, const float *x, const int8_t *xq,
                         const float *xd, int q8, int R, int T, int cols) {
     switch (R * 8 + T) {
@@ -269,6 +310,40 @@ static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, c
     }
 }
 #undef TILE_CASE
+
+#ifdef F32_PAIRS
+/* an f32 tile of a chunk, R <= 2 PAIR_P rows x T <= PAIR_T tokens: the row pairs in zmm, an odd last row in ymm */
+#define PAIR_CASE(P, T)                                                                                              \
+    case (P) * 16 + (T): dot_f32_pairs(out, ld_out, 1, w, cols, x, P, T, cols); break;
+static void f32_pair_tile(float *out, size_t ld_out, const float *w, const float *x, int R, int T, int cols) {
+    if (R % 2) matmul_tile(out + R - 1, ld_out, 1, w + (size_t)(R - 1) * cols, x, NULL, NULL, 0, 1, T, cols);
+    switch (R / 2 * 16 + T) {
+    PAIR_CASE(1, 1) PAIR_CASE(1, 2) PAIR_CASE(1, 3) PAIR_CASE(1, 4) PAIR_CASE(1, 5) PAIR_CASE(1, 6) PAIR_CASE(1, 7)
+    PAIR_CASE(1, 8) PAIR_CASE(2, 1) PAIR_CASE(2, 2) PAIR_CASE(2, 3) PAIR_CASE(2, 4) PAIR_CASE(2, 5) PAIR_CASE(2, 6)
+    PAIR_CASE(2, 7) PAIR_CASE(2, 8) PAIR_CASE(3, 1) PAIR_CASE(3, 2) PAIR_CASE(3, 3) PAIR_CASE(3, 4) PAIR_CASE(3, 5)
+    PAIR_CASE(3, 6) PAIR_CASE(3, 7) PAIR_CASE(3, 8)
+    }
+}
+#undef PAIR_CASE
+#endif
+#ifdef Q8_PAIRS
+/* a q8 tile of R <= 2 Q8_PAIR_P rows (row r at w + r·ld_r rows) x T <= Q8_PAIR_T tokens: the row pairs in zmm, an
+ * odd last row in ymm */
+#define Q8_PAIR_CASE(P, T)                                                                                           \
+    case (P) * 16 + (T): dot_q8_pairs(out, ld_out, ld_r, w, ldw, xq, xd, P, T, n_groups); break;
+static void q8_pair_tile(float *out, size_t ld_out, size_t ld_r, const BlockQ8 *w, const int8_t *xq, const float *xd,
+                         int R, int T, int n_groups) {
+    size_t ldw = ld_r * (size_t)n_groups;
+    if (R % 2)
+        matmul_tile(out + (size_t)(R - 1) * ld_r, ld_out, ld_r, w + (size_t)(R - 1) * ldw, NULL, xq, xd, 1, 1, T,
+                    n_groups * Q8_GROUP);
+    switch (R / 2 * 16 + T) {
+    Q8_PAIR_CASE(1, 1) Q8_PAIR_CASE(1, 2) Q8_PAIR_CASE(1, 3) Q8_PAIR_CASE(1, 4) Q8_PAIR_CASE(1, 5) Q8_PAIR_CASE(1, 6)
+    Q8_PAIR_CASE(2, 1) Q8_PAIR_CASE(2, 2) Q8_PAIR_CASE(2, 3) Q8_PAIR_CASE(2, 4) Q8_PAIR_CASE(2, 5) Q8_PAIR_CASE(2, 6)
+    }
+}
+#undef Q8_PAIR_CASE
+#endif
 
 /* Bytes of weight rows a thread works through for every block of tokens before moving on: the panel stays in L2
  * (512 KiB per core) while a block of up to 4 tokens' x (≤ 24 KiB at cols 1536) stays in L1 (32 KiB). */
@@ -307,6 +382,10 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
      * whose per-row registers (qw, |qw|, dw) leave room for 6 sums */
 #ifdef F32_PAIRS
     int tr = n == 1 ? 1 : q8 ? 2 : 2 * PAIR_P, tt = n == 1 ? 1 : q8 ? 3 : PAIR_T;
+#ifdef Q8_PAIRS
+    if (q8 && n > 1) tr = 2 * Q8_PAIR_P, tt = Q8_PAIR_T;   /* chunks only: a batch's decode steps (n <= 16) ran
+                                                              slower in pairs (S = 8: 34 -> 39 ms per step) */
+#endif
 #elif TILE_MAX > 4
     int tr = n == 1 ? 1 : q8 ? 2 : 4, tt = n == 1 ? 1 : q8 ? 3 : 6;
 #else
@@ -354,6 +433,14 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
             for (int t = 0; t < n; t += tt) {
                 int nt = n - t < tt ? n - t : tt;
                 for (int i = p; i < p_end; i += tr) {
+#ifdef Q8_PAIRS
+                    if (q8)
+                        q8_pair_tile(out + (size_t)t * rows + i, rows, 1,
+                                     (const BlockQ8 *)((const uint8_t *)W.data + (size_t)i * row_bytes),
+                                     act_q8.q + (size_t)t * cols, act_q8.d + (size_t)t * (cols / Q8_GROUP),
+                                     p_end - i < tr ? p_end - i : tr, nt, cols / Q8_GROUP);
+                    else
+#endif
 #ifdef F32_PAIRS
                     if (!q8)
                         f32_pair_tile(out + (size_t)t * rows + i, rows, (const float *)W.data + (size_t)i * cols,

@@ -36,11 +36,6 @@
  * the bound tests/test_attn_ref.c checks (at most ⌈head_dim/16⌉ + 4 roundings along any term's path before the
  * scaling, fewer than the head_dim + 1 of a sum in d order). */
 #define SCORE_LANES 16
-/* keys (and value rows, WSUM_AHEAD) asked for ahead into L2 (prefetcht1, whose 48-entry queue keeps more lines in
- * flight than L1's 16 fill buffers): decode attention over 8,192 f32 tokens on the 2-core Xeon 19.5-20.0 -> 18.6-18.8
- * ms per step, q8 10.7 -> 10.4 (8 and 24 ahead, or into L1, measured slower; so was asking for a whole block of keys
- * at once) */
-#define SCORE_AHEAD 16
 
 /* The scalar definition: one score (unscaled), for any head_dim */
 static inline float dot_lanes(const float *q, const float *k, int hd) {
@@ -173,12 +168,6 @@ static inline __attribute__((always_inline)) void scores_group(float *const *out
     for (int j = Q * K; j < 16; j++) a[j] = _mm512_setzero_ps();
     for (int i = 0; i < nk; i += K) {
         for (int k = 0; k < K; k++) {
-            if (i + k + SCORE_AHEAD < nk) {
-                const char *ahead = (const char *)kp[i + k + SCORE_AHEAD];
-                __builtin_prefetch(ahead, 0, 2);
-                __builtin_prefetch(ahead + 64, 0, 2);
-                if (ty != KV_Q8) { __builtin_prefetch(ahead + 128, 0, 2); __builtin_prefetch(ahead + 192, 0, 2); }
-            }
             const void *key = kp[i + (i + k < nk ? k : 0)];   /* a short group repeats its first key (not stored) */
             __m512 x = key16(key, 0, ty, Gc);
             for (int f = 0; f < Q; f++) a[f * K + k] = _mm512_mul_ps(qv[f][0], x);
@@ -244,7 +233,13 @@ static int q8_keys_read_as_stored(int hd) {
 }
 
 #define WSUM_COLS 16
-#define WSUM_AHEAD 16   /* value rows prefetched ahead (in the passes of 16, 32 or 64 columns) */
+/* value rows asked for ahead (in the passes of 16, 32 or 64 columns); the 64-column pass asks into L2 (prefetcht1,
+ * whose queue holds more lines in flight than L1's fill buffers). The keys of decode are left to the hardware
+ * prefetchers: asking for a whole block of them at once, or for each key 16 ahead in the score kernel, measured no
+ * faster, and slower in the chunk path, whose many query passes over a block then ask again each time. attn_bench,
+ * 2-core Xeon, 2 threads, interleaved: 8,192 f32 tokens 22.3-22.7 -> 19.7-20.2 ms per step (a busier hour than the
+ * 19.5-20.0 the same build ran earlier), the chunk path at 2,048 tokens 1.79-1.84 -> 1.72-1.77 ms per token */
+#define WSUM_AHEAD 16
 
 /* The attention output of a GQA group over columns [d0, d0 + w) of its lane, w ≤ 16 (32 or 64 with G ≤ 3,
  * wsum_cols): o_h[d] =

@@ -2,11 +2,12 @@
 # make report: kvlab's evaluation of KV-cache policies on SmolLM2-135M-Instruct and the Debian Reference text, written
 # as REPORT.md with PNG plots (gnuplot). Issue 5, item 6.
 #
-#   make report                       the full grid (REPORT_TOKENS=8192 tokens; the first four steps take about 27
-#                                     minutes on 2 cores, select and tiers a few more, passkey_sel's dense 8,192-token
-#                                     prompts and compress most likely another hour: the estimate printed first says
-#                                     what this machine expects), written to build/report/: the committed report/
-#                                     changes only with REPORT_OUT=report
+#   make report                       the full grid (REPORT_TOKENS=8192 tokens; on a 2-core Xeon, 2026-12-07: main
+#                                     11m37s, quant 8m46s, pos 4m52s, passkey 2m58s, select 2m12s, tiers 1m19s,
+#                                     passkey_sel 16m23s, and compress, whose per-channel and low-rank keys go token
+#                                     by token, 40 minutes or more: the estimate printed first says what this machine
+#                                     expects), written to build/report/: the committed report/ changes only with
+#                                     REPORT_OUT=report
 #   REPORT_OUT=report make report     the full grid, replacing the committed report/REPORT.md and report/*.png
 #   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384 and -c 1024) to test
 #                                     the script (about 10 minutes on 2 cores), written to build/report-quick/
@@ -446,19 +447,14 @@ grid_eta() {   # REMAINING_S_OF_CURRENT INDEX_OF_CURRENT: when the grid should b
 }
 # every PROGRESS_S seconds while step NAME (index I) runs: how far it is, from its log, and the grid's ETA
 watch_progress() {   # NAME I
-    local log=$R/$1.log.dat line eta el k est
+    local log=$R/$1.log.dat line eta el est
     while sleep "$PROGRESS_S" >/dev/null 2>&1 && kill -0 $$ 2>/dev/null; do
         el=$(($(date +%s) - CUR_T0)); est=$(scaled "${EST_S[$1]}")
         eta=$((est > el ? est - el : 0))
-        line=$(grep -E '^ppl: [0-9]+/[0-9]+ tokens' "$log" | tail -1 || true)   # ppl's own line, every 5 s
+        # ppl's and passkey's own progress line (every 5 s), with its ETA
+        line=$(grep -E '^(ppl:|passkey) [0-9]+/[0-9]+ tokens' "$log" | tail -1 || true)
         if [ -n "$line" ]; then
             eta=$(echo "$line" | sed -n 's/.*ETA \([0-9]*\)m\([0-9]*\)s.*/\1 \2/p' | awk '{ print $1 * 60 + $2 }')
-        elif [ "$1" = passkey ] || [ "$1" = passkey_sel ]; then   # passkey prints a line per policy done
-            local -n pols=$([ "$1" = passkey ] && echo PK || echo PKS)
-            k=$(grep -cE ': [0-9]+/[0-9]+ correct' "$log" || true)
-            line="$k/${#pols[@]} policies done"
-            [ "$k" -gt 0 ] && eta=$((el * (${#pols[@]} - k) / k))
-            unset -n pols
         else line="loading"; fi
         say "[$(($2 + 1))/${#STEPS[@]}] $1, $(mmss "$el") in: $line; grid done around $(grid_eta "${eta:-0}" "$2")"
     done

@@ -316,7 +316,9 @@ static void matmul_tile(float *out, size_t ld_out, size_t ld_r, const void *w, c
 #define PAIR_CASE(P, T)                                                                                              \
     case (P) * 16 + (T): dot_f32_pairs(out, ld_out, 1, w, cols, x, P, T, cols); break;
 static void f32_pair_tile(float *out, size_t ld_out, const float *w, const float *x, int R, int T, int cols) {
-    if (R % 2) matmul_tile(out + R - 1, ld_out, 1, w + (size_t)(R - 1) * cols, x, NULL, NULL, 0, 1, T, cols);
+    for (int t = 0; R % 2 && t < T; t += TILE_MAX)   /* matmul_tile's shapes take at most TILE_MAX tokens */
+        matmul_tile(out + (size_t)t * ld_out + R - 1, ld_out, 1, w + (size_t)(R - 1) * cols, x + (size_t)t * cols,
+                    NULL, NULL, 0, 1, T - t < TILE_MAX ? T - t : TILE_MAX, cols);
     switch (R / 2 * 16 + T) {
     PAIR_CASE(1, 1) PAIR_CASE(1, 2) PAIR_CASE(1, 3) PAIR_CASE(1, 4) PAIR_CASE(1, 5) PAIR_CASE(1, 6) PAIR_CASE(1, 7)
     PAIR_CASE(1, 8) PAIR_CASE(2, 1) PAIR_CASE(2, 2) PAIR_CASE(2, 3) PAIR_CASE(2, 4) PAIR_CASE(2, 5) PAIR_CASE(2, 6)
@@ -334,9 +336,10 @@ static void f32_pair_tile(float *out, size_t ld_out, const float *w, const float
 static void q8_pair_tile(float *out, size_t ld_out, size_t ld_r, const BlockQ8 *w, const int8_t *xq, const float *xd,
                          int R, int T, int n_groups) {
     size_t ldw = ld_r * (size_t)n_groups;
-    if (R % 2)
-        matmul_tile(out + (size_t)(R - 1) * ld_r, ld_out, ld_r, w + (size_t)(R - 1) * ldw, NULL, xq, xd, 1, 1, T,
-                    n_groups * Q8_GROUP);
+    for (int t = 0; R % 2 && t < T; t += TILE_MAX)   /* matmul_tile's shapes take at most TILE_MAX tokens */
+        matmul_tile(out + (size_t)t * ld_out + (size_t)(R - 1) * ld_r, ld_out, ld_r, w + (size_t)(R - 1) * ldw, NULL,
+                    xq + (size_t)t * n_groups * Q8_GROUP, xd + (size_t)t * n_groups, 1, 1,
+                    T - t < TILE_MAX ? T - t : TILE_MAX, n_groups * Q8_GROUP);
     switch (R / 2 * 16 + T) {
     Q8_PAIR_CASE(1, 1) Q8_PAIR_CASE(1, 2) Q8_PAIR_CASE(1, 3) Q8_PAIR_CASE(1, 4) Q8_PAIR_CASE(1, 5) Q8_PAIR_CASE(1, 6)
     Q8_PAIR_CASE(2, 1) Q8_PAIR_CASE(2, 2) Q8_PAIR_CASE(2, 3) Q8_PAIR_CASE(2, 4) Q8_PAIR_CASE(2, 5) Q8_PAIR_CASE(2, 6)

@@ -136,11 +136,11 @@ static BlockQ8 *quantize_matrix(const float *W, int rows, int cols) {
 
 static void test_matmul(void) {
     static const int shapes[][2] = {{1, 32}, {3, 64}, {37, 96}, {100, 576}, {513, 160}, {7, 1536}};
-    static const int ns[] = {1, 2, 3, 4, 5, 9};
+    static const int ns[] = {1, 2, 3, 4, 5, 9, 17, 23, 64, 70};   /* above 16: the chunk path's tiles (row pairs) */
     int spec_bad = 0, n_bad = 0, thr_bad = 0, bound_bad = 0;
     double worst = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        int rows = shapes[si][0], cols = shapes[si][1], nmax = 9;
+        int rows = shapes[si][0], cols = shapes[si][1], nmax = 70;
         float *W = malloc((size_t)rows * cols * 4), *x = malloc((size_t)nmax * cols * 4);
         float *y1 = malloc((size_t)nmax * rows * 4), *yn = malloc((size_t)nmax * rows * 4);
         for (size_t i = 0; i < (size_t)rows * cols; i++) W[i] = urand() / sqrtf((float)cols);
@@ -192,7 +192,8 @@ static void test_matmul(void) {
     }
     CHECK(spec_bad == 0, "q8 matmul is bit-identical to the documented arithmetic (6 shapes, rows 1..513, cols 32..1536; "
           "%d outputs differ)", spec_bad);
-    CHECK(n_bad == 0, "q8 matmul_n for n = 1, 2, 3, 4, 5, 9 tokens equals one token at a time (%d shapes differ)", n_bad);
+    CHECK(n_bad == 0, "q8 matmul_n for n = 1, 2, 3, 4, 5, 9, 17, 23, 64, 70 tokens equals one token at a time (%d cases "
+          "differ)", n_bad);
 #ifdef _OPENMP
     CHECK(thr_bad == 0, "q8 matmul_n: 1 and 2 threads bit-identical (%d shapes differ)", thr_bad);
 #else

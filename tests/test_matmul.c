@@ -6,6 +6,7 @@
  * (lane j mod 8, one multiply-add each, fused where the build has FMA), folded ((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7)),
  * then the tail. */
 #include "check.h"
+#include "matmul_check.h"
 #include "matmul.h"
 #include <math.h>
 #include <stdint.h>
@@ -53,21 +54,9 @@ int main(void) {
                 float want = dot_spec(W + (size_t)i * cols, x + (size_t)t * cols, cols);
                 if (memcmp(&want, &y1[(size_t)t * rows + i], 4)) spec_bad++;
             }
-        for (size_t k = 0; k < sizeof ns / sizeof *ns; k++, cases++) {
-            matmul_n(yn, x, M, rows, cols, ns[k]);
-            if (memcmp(yn, y1, (size_t)ns[k] * rows * 4)) n_bad++;
-        }
-#ifdef _OPENMP
-        int nt = omp_get_max_threads();
-        omp_set_num_threads(1);
-        matmul_n(yn, x, M, rows, cols, nmax);
-        float *y2 = malloc((size_t)nmax * rows * 4);
-        omp_set_num_threads(2);
-        matmul_n(y2, x, M, rows, cols, nmax);
-        if (memcmp(yn, y2, (size_t)nmax * rows * 4)) thr_bad++;
-        omp_set_num_threads(nt);
-        free(y2);
-#endif
+        n_bad += matmul_n_differs(yn, y1, x, M, rows, cols, ns, (int)(sizeof ns / sizeof *ns));
+        cases += (int)(sizeof ns / sizeof *ns);
+        thr_bad += matmul_threads_differ(yn, x, M, rows, cols, nmax);
         free(W); free(x); free(y1); free(yn);
     }
     CHECK(spec_bad == 0, "f32 matmul, one token: bit-identical to the documented arithmetic (7 shapes, rows 1..385, "

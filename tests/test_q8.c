@@ -23,6 +23,7 @@
 #endif
 
 #include "tests/check.h"
+#include "tests/matmul_check.h"
 
 #define TMP "tests/tmp"
 
@@ -173,21 +174,8 @@ static void test_matmul(void) {
                 if (!(err <= bound)) bound_bad++;
                 if (bound > 0 && err / bound > worst) worst = err / bound;
             }
-        for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
-            matmul_n(yn, x, M, rows, cols, ns[k]);
-            if (memcmp(yn, y1, (size_t)ns[k] * rows * 4)) n_bad++;
-        }
-#ifdef _OPENMP
-        int nt = omp_get_max_threads();
-        omp_set_num_threads(1);
-        matmul_n(yn, x, M, rows, cols, nmax);
-        float *y2 = malloc((size_t)nmax * rows * 4);
-        omp_set_num_threads(2);
-        matmul_n(y2, x, M, rows, cols, nmax);
-        if (memcmp(yn, y2, (size_t)nmax * rows * 4)) thr_bad++;
-        omp_set_num_threads(nt);
-        free(y2);
-#endif
+        n_bad += matmul_n_differs(yn, y1, x, M, rows, cols, ns, (int)(sizeof ns / sizeof *ns));
+        thr_bad += matmul_threads_differ(yn, x, M, rows, cols, nmax);
         free(W); free(x); free(y1); free(yn); free(B);
     }
     CHECK(spec_bad == 0, "q8 matmul is bit-identical to the documented arithmetic (6 shapes, rows 1..513, cols 32..1536; "

@@ -329,15 +329,13 @@ static void f32_pair_tile(float *out, size_t ld_out, const float *w, const float
 #undef PAIR_CASE
 #endif
 #ifdef Q8_PAIRS
-/* a q8 tile of R <= 2 Q8_PAIR_P rows (row r at w + r·ld_r rows) x T <= Q8_PAIR_T tokens: the row pairs in zmm, an
- * odd last row in ymm */
+/* a q8 tile of a chunk, R <= 2 Q8_PAIR_P rows x T <= Q8_PAIR_T tokens: the row pairs in zmm, an odd last row in ymm */
 #define Q8_PAIR_CASE(P, T)                                                                                           \
-    case (P) * 16 + (T): dot_q8_pairs(out, ld_out, ld_r, w, ldw, xq, xd, P, T, n_groups); break;
-static void q8_pair_tile(float *out, size_t ld_out, size_t ld_r, const BlockQ8 *w, const int8_t *xq, const float *xd,
-                         int R, int T, int n_groups) {
-    size_t ldw = ld_r * (size_t)n_groups;
+    case (P) * 16 + (T): dot_q8_pairs(out, ld_out, 1, w, n_groups, xq, xd, P, T, n_groups); break;
+static void q8_pair_tile(float *out, size_t ld_out, const BlockQ8 *w, const int8_t *xq, const float *xd, int R, int T,
+                         int n_groups) {
     for (int t = 0; R % 2 && t < T; t += TILE_MAX)   /* matmul_tile's shapes take at most TILE_MAX tokens */
-        matmul_tile(out + (size_t)t * ld_out + (size_t)(R - 1) * ld_r, ld_out, ld_r, w + (size_t)(R - 1) * ldw, NULL,
+        matmul_tile(out + (size_t)t * ld_out + R - 1, ld_out, 1, w + (size_t)(R - 1) * n_groups, NULL,
                     xq + (size_t)t * n_groups * Q8_GROUP, xd + (size_t)t * n_groups, 1, 1,
                     T - t < TILE_MAX ? T - t : TILE_MAX, n_groups * Q8_GROUP);
     switch (R / 2 * 16 + T) {
@@ -438,7 +436,7 @@ void matmul_n(float *out, const float *x, Matrix W, int rows, int cols, int n) {
                 for (int i = p; i < p_end; i += tr) {
 #ifdef Q8_PAIRS
                     if (q8)
-                        q8_pair_tile(out + (size_t)t * rows + i, rows, 1,
+                        q8_pair_tile(out + (size_t)t * rows + i, rows,
                                      (const BlockQ8 *)((const uint8_t *)W.data + (size_t)i * row_bytes),
                                      act_q8.q + (size_t)t * cols, act_q8.d + (size_t)t * (cols / Q8_GROUP),
                                      p_end - i < tr ? p_end - i : tr, nt, cols / Q8_GROUP);

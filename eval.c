@@ -1544,7 +1544,9 @@ typedef struct {
 static int passkey_prompt_all(PkJob *j, const PkPrompt *p) {
     char answer[512];
     passkey_share_plan(j->runs, j->n_pol, j->share, p->n, j->chunk, j->from, j->order);
-    int pre_pos = 0;
+    int pre_pos = 0, rc = 0, *ids2 = NULL;   /* the two-turn variant's second question, encoded once for every policy */
+    size_t n2 = 0, cap2 = 0;
+    if (p->two) encode_append(j->m, " What is the second pass key? The second pass key is", 0, &ids2, &n2, &cap2);
     if (j->share) {
         kv_cache_reset(&j->pre->cache);
         kv_set_prompt_len(&j->pre->cache, (int)p->n);
@@ -1554,24 +1556,19 @@ static int passkey_prompt_all(PkJob *j, const PkPrompt *p) {
         PolicyRun *r = &j->runs[k];
         if (from > pre_pos) {
             double t0 = now_s();
-            int rc = prefill(j->m, j->pre, p->ids + pre_pos, (size_t)(from - pre_pos), &pre_pos, j->chunk);
+            rc = prefill(j->m, j->pre, p->ids + pre_pos, (size_t)(from - pre_pos), &pre_pos, j->chunk);
             j->pre_secs += now_s() - t0;
-            if (rc == PK_STOPPED) return rc;
+            if (rc == PK_STOPPED) break;
             if (rc) fatal("-m passkey: the shared prefill of %d tokens did not fit -c %d", from, j->pre->cache.shape.seq_len);
         }
         double t0 = now_s();
         int pos;
         long got = passkey_ask(j->m, r, p->ids, p->n, 1, &j->pre->cache, from, &pos, j->chunk, j->max_new, answer,
                                sizeof answer), second = PK_CACHE_FULL;
-        if (p->two && got != PK_CACHE_FULL && got != PK_STOPPED) {   /* the same cache, continued */
-            int *ids2 = NULL;
-            size_t n2 = 0, cap2 = 0;
-            encode_append(j->m, " What is the second pass key? The second pass key is", 0, &ids2, &n2, &cap2);
+        if (p->two && got != PK_CACHE_FULL && got != PK_STOPPED)   /* the same cache, continued */
             second = passkey_ask(j->m, r, ids2, n2, 0, NULL, 0, &pos, j->chunk, j->max_new, answer, sizeof answer);
-            free(ids2);
-        }
         j->secs[k] += now_s() - t0;
-        if (got == PK_STOPPED || second == PK_STOPPED) return PK_STOPPED;
+        if (got == PK_STOPPED || second == PK_STOPPED) { rc = PK_STOPPED; break; }
         j->shared_tokens += from;
         j->own_tokens += (long)p->n - from;
         Line *ln = j->ln;
@@ -1605,7 +1602,8 @@ static int passkey_prompt_all(PkJob *j, const PkPrompt *p) {
         json_provenance_end(ln, j->pv);
         outfile_line(j->out, ln);
     }
-    return 0;
+    free(ids2);
+    return rc;
 }
 
 int run_passkey(Model *m, const Options *o) {

@@ -697,13 +697,15 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
  * step-1 eviction), the policy never frees or merges slots (no prune, no merge), none of them selects (a selection
  * policy's prompt queries under prompt=dense read every token), there is one precision band (a token recoded into
  * the next band changes its bits), keys per token (a per-channel key, kgroup=channel, changes its bits when its group
- * seals), full rank (a low-rank lane's fit re-encodes its slots at token calib; not worth a path of its own), one
- * memory tier (the fast tier's bookkeeping follows each token's store and read in turn) and attention runs on the
- * CPU's fast backend (the reference goes token by token). 0 when none can. */
+ * seals), one memory tier (the fast tier's bookkeeping follows each token's store and read in turn) and attention
+ * runs on the CPU's fast backend (the reference goes token by token). A low-rank lane (krank=, vrank=) re-encodes
+ * every slot at its fit, when its calib-th token is stored: a chunk ends before the token whose store fits (that one
+ * goes alone), so each token sees every slot in one form, staged or fitted, and the new ones as chunk_key makes
+ * them. 0 when none can. */
 static int chunk_room(const KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     if (c->device || c->n_bands > 1 || c->kgroup || ops->prune || ops->merge || kv_query_selects(c, t)
-        || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank)
+        || c->backend == KV_BACKEND_REF || c->tiers)
         return 0;
     int room = ops->select ? c->policy.prompt_len - t : c->budget;   /* up to the prompt's end */
     int H = c->shape.n_kv_heads, total = 0;
@@ -712,6 +714,10 @@ static int chunk_room(const KVCache *c, int l, int t) {
         int r = ln->cap - ln->n_live;
         room = r < room ? r : room;
         total += ln->n_live;
+        if ((c->krank || c->vrank) && !ln->lr_fitted) {   /* tokens stored before the fit's */
+            r = c->calib - 1 - ln->lr_seen;
+            room = r < room ? r : room;
+        }
     }
     /* alloc=ada frees slots layer-wide once the layer's lanes hold more than H·B - H (kv.h): token u of the chunk
        (from 0) frees none while total + (u + 1)·H <= H·B. Past that every token goes through kv_append and
@@ -758,20 +764,30 @@ static void chunk_roundtrip(float *x, KVType ty, int hd) {
     kv_decode(x, ty, b, hd);
 }
 
-/* The f32 key a new token of the chunk will have at attention: what kv_append stores into band 0 (pos=orig: rotated
- * by its position, cs) read back as kv_lane_key reads it (decoded; pos=cache: rotated by its rank). x: head_dim. */
-static const float *chunk_key(const KVCache *c, float *x, const float *k, int rank, const float *cs) {
+/* The f32 key a new token of lane ln's chunk will have at attention: what kv_append stores into band 0 (pos=orig:
+ * rotated by its position, cs) read back as kv_lane_key reads it (decoded; pos=cache: rotated by its rank). A fitted
+ * low-rank lane stores the pre-RoPE key's coefficients and kv_lowrank_key reconstructs, then rotates by the position
+ * (its table lr_cs holds kv_rope_cs's numbers, as cs does) or the rank: the same steps here. Before the fit a
+ * low-rank lane stages what a full-rank cache stores. x: head_dim. */
+static const float *chunk_key(const KVCache *c, const KVLane *ln, float *x, const float *k, int rank, const float *cs) {
     const KVShape *s = &c->shape;
     int hd = s->head_dim;
-    memcpy(x, k, (size_t)hd * sizeof(float));
-    if (c->spec.pos == POS_ORIG) kv_rope_apply(x, s, cs);
-    chunk_roundtrip(x, c->band_ktype[0], hd);
+    if (c->krank && ln->lr_fitted) {
+        kv_lowrank_new_key(c, ln, x, k);
+        if (c->spec.pos == POS_ORIG) kv_rope_apply(x, s, cs);
+    } else {
+        memcpy(x, k, (size_t)hd * sizeof(float));
+        if (c->spec.pos == POS_ORIG) kv_rope_apply(x, s, cs);
+        chunk_roundtrip(x, c->band_ktype[0], hd);
+    }
     if (c->spec.pos == POS_CACHE) kv_rope_apply(x, s, c->rope_cs + (size_t)rank * hd);
     return x;
 }
 
-/* The same for a new token's value: v itself (f32), or decoded from what kv_append stores into x. */
-static const float *chunk_value(const KVCache *c, float *x, const float *v) {
+/* The same for a new token's value: v itself (f32), or decoded from what kv_append stores into x, or reconstructed
+ * from its coefficients in a fitted low-rank lane. */
+static const float *chunk_value(const KVCache *c, const KVLane *ln, float *x, const float *v) {
+    if (c->vrank && ln->lr_fitted) { kv_lowrank_new_value(c, ln, x, v); return x; }
     if (c->band_vtype[0] == KV_F32) return v;
     memcpy(x, v, (size_t)c->shape.head_dim * sizeof(float));
     chunk_roundtrip(x, c->band_vtype[0], c->shape.head_dim);
@@ -1029,9 +1045,9 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
                     c->vptr[row] = kv_lane_value(c, &lanes[g], j, vx);
                 } else {
                     int u = j - n0[g];
-                    kp[j - j0] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
+                    kp[j - j0] = chunk_key(c, &lanes[g], kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
                                            c->chunk_cs + (size_t)u * hd);
-                    c->vptr[row] = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
+                    c->vptr[row] = chunk_value(c, &lanes[g], vx, v + (size_t)u * kv_dim + (size_t)g * hd);
                 }
                 c->vrow[row] = (const uint8_t *)(const void *)c->vptr[row];   /* decoded: f32 rows for the tail */
                 c->vrow_type[row] = KV_F32;
@@ -1343,9 +1359,9 @@ static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const fl
                     upos[row] = ln->pos[ln->live[r]];
                 } else {
                     int u = r - live0[g];
-                    kp[j - j0] = chunk_key(c, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
+                    kp[j - j0] = chunk_key(c, ln, kx, k + (size_t)u * kv_dim + (size_t)g * hd, j,
                                            c->chunk_cs + (size_t)u * hd);
-                    vv = chunk_value(c, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
+                    vv = chunk_value(c, ln, vx, v + (size_t)u * kv_dim + (size_t)g * hd);
                     upos[row] = pos0 + u;
                 }
                 if (vv != vx) memcpy(vx, vv, (size_t)hd * sizeof(float));

@@ -779,7 +779,8 @@ static uint8_t *stage_value(const KVCache *c, const KVLane *ln, int slot) { retu
 
 /* dst = the r coefficients of x (head_dim) on basis (r, head_dim), c_j = Σ_d basis_jd·x_d summed in double in d order
  * then rounded to f32, encoded in type ty over r elements. */
-static void lowrank_project(uint8_t *dst, KVType ty, const float *basis, int r, const float *x, int hd) {
+static __attribute__((noinline)) void lowrank_project(uint8_t *dst, KVType ty, const float *basis, int r, const float *x,
+                                                      int hd) {
     float co[r];
     for (int j = 0; j < r; j++) {
         double acc = 0;
@@ -817,6 +818,21 @@ const float *kv_lowrank_value(const KVCache *c, const KVLane *ln, int i, float *
     else lowrank_reconstruct(x, kv_band_v(c, ln, 0, slot - ln->band_first[0]), c->band_vtype[0],
                              ln->vbasis, c->vrank, hd);
     return x;
+}
+
+/* A fitted lane's f32 vector of a token not stored yet, as kv_lowrank_key (kv_lowrank_value) will read it once
+ * stored: x (pre-RoPE key or value, head_dim) projected on the lane's basis and encoded (lowrank_store), then
+ * reconstructed (no rotation here: the caller rotates a key by its position or rank). y (head_dim) gets it. */
+static void lowrank_roundtrip(float *y, const float *x, KVType ty, const float *basis, int r, int hd) {
+    uint8_t b[4 * hd + 64];   /* r coefficients in any form (f32, the largest, is 4·r bytes, r < head_dim) */
+    lowrank_project(b, ty, basis, r, x, hd);
+    lowrank_reconstruct(y, b, ty, basis, r, hd);
+}
+void kv_lowrank_new_key(const KVCache *c, const KVLane *ln, float *y, const float *k) {
+    lowrank_roundtrip(y, k, c->band_ktype[0], ln->kbasis, c->krank, c->shape.head_dim);
+}
+void kv_lowrank_new_value(const KVCache *c, const KVLane *ln, float *y, const float *v) {
+    lowrank_roundtrip(y, v, c->band_vtype[0], ln->vbasis, c->vrank, c->shape.head_dim);
 }
 
 /* Step 2 of a low-rank lane: the token at position t (k, v: head_dim, k before RoPE) into `slot` (its position

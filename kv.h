@@ -99,8 +99,9 @@
  * calibrates again. Accounting: the slots hold R-coefficient room from init; the bases (R·head_dim f32 per side) are
  * allocated once per lane and live once fitted; the staging counts while it is held, so the peak and a byte
  * budget include it; a step reads the bases of every lane it reconstructs from. One storage band only (no prec=,
- * residual=), no merging policy, no fast= tier, no CUDA mirror, and no chunked attention (kv_attend_chunk goes token
- * by token): refused or said where it applies.
+ * residual=), no merging policy, no fast= tier, no CUDA mirror: refused or said where it applies. kv_attend_chunk
+ * runs a non-evicting low-rank lane a chunk at a time up to the token whose store fits it (that token alone), and an
+ * evicting one token by token.
  *
  * Positions (pos=):
  *   orig: keys are rotated with their true position when stored and the query with t.

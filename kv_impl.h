@@ -41,6 +41,11 @@ const float *kv_chan_key(const KVCache *c, const KVLane *ln, int b, int slot, fl
  * by its position (pos=orig, the table c->lr_cs) or, in either case under pos=cache, by its rank i. x (head_dim). */
 const float *kv_lowrank_key(const KVCache *c, const KVLane *ln, int i, float *x);
 const float *kv_lowrank_value(const KVCache *c, const KVLane *ln, int i, float *x);
+/* What a fitted lane's slot will read back for a token not stored yet (the chunk path's new tokens): y (head_dim) =
+ * basis times the coefficients of k (pre-RoPE key) or v, encoded in the band's type as kv_append stores them; the key
+ * not rotated. Only for a side with a rank (c->krank, c->vrank) and a lane with ln->lr_fitted. */
+void kv_lowrank_new_key(const KVCache *c, const KVLane *ln, float *y, const float *k);
+void kv_lowrank_new_value(const KVCache *c, const KVLane *ln, float *y, const float *v);
 
 /* Decoding in registers (CPU only), for kv_decode and attn_cpu.c's decode step, which reads values as stored. */
 static inline float kv_f16_scale(const uint8_t *b) {

@@ -696,15 +696,17 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
 /* How many of the next tokens of layer l, from position t, can attend as one chunk: every lane has room for them (no
  * step-1 eviction), the policy never frees or merges slots (no prune, no merge), none of them selects (a selection
  * policy's prompt queries under prompt=dense read every token), there is one precision band (a token recoded into
- * the next band changes its bits), keys per token (a per-channel key, kgroup=channel, changes its bits when its group
- * seals), one memory tier (the fast tier's bookkeeping follows each token's store and read in turn) and attention
- * runs on the CPU's fast backend (the reference goes token by token). A low-rank lane (krank=, vrank=) re-encodes
+ * the next band changes its bits), one memory tier (the fast tier's bookkeeping follows each token's store and read
+ * in turn) and attention runs on the CPU's fast backend (the reference goes token by token). Per-channel keys
+ * (kgroup=channel) change their bits when their group seals: a chunk ends before the token whose store seals a group
+ * or lands outside the open one (kv_chan_room; that token goes alone), so its keys are the open group's f32 ones and
+ * the sealed groups' codes, unchanged while it passes. A low-rank lane (krank=, vrank=) re-encodes
  * every slot at its fit, when its calib-th token is stored: a chunk ends before the token whose store fits (that one
  * goes alone), so each token sees every slot in one form, staged or fitted, and the new ones as chunk_key makes
  * them. 0 when none can. */
 static int chunk_room(const KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
-    if (c->device || c->n_bands > 1 || c->kgroup || ops->prune || ops->merge || kv_query_selects(c, t)
+    if (c->device || c->n_bands > 1 || ops->prune || ops->merge || kv_query_selects(c, t)
         || c->backend == KV_BACKEND_REF || c->tiers)
         return 0;
     int room = ops->select ? c->policy.prompt_len - t : c->budget;   /* up to the prompt's end */
@@ -716,6 +718,10 @@ static int chunk_room(const KVCache *c, int l, int t) {
         total += ln->n_live;
         if ((c->krank || c->vrank) && !ln->lr_fitted) {   /* tokens stored before the fit's */
             r = c->calib - 1 - ln->lr_seen;
+            room = r < room ? r : room;
+        }
+        if (c->band_kchan[0]) {   /* tokens stored before a seal */
+            r = kv_chan_room(c, ln, 0);
             room = r < room ? r : room;
         }
     }
@@ -775,10 +781,10 @@ static const float *chunk_key(const KVCache *c, const KVLane *ln, float *x, cons
     if (c->krank && ln->lr_fitted) {
         kv_lowrank_new_key(c, ln, x, k);
         if (c->spec.pos == POS_ORIG) kv_rope_apply(x, s, cs);
-    } else {
+    } else {   /* a per-channel band's new key waits in f32 in its open group (chunk_room: none seals) */
         memcpy(x, k, (size_t)hd * sizeof(float));
         if (c->spec.pos == POS_ORIG) kv_rope_apply(x, s, cs);
-        chunk_roundtrip(x, c->band_ktype[0], hd);
+        if (!c->band_kchan[0]) chunk_roundtrip(x, c->band_ktype[0], hd);
     }
     if (c->spec.pos == POS_CACHE) kv_rope_apply(x, s, c->rope_cs + (size_t)rank * hd);
     return x;

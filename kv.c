@@ -1745,6 +1745,18 @@ static int band_pop(const KVCache *c, KVLane *ln, int b) {
     return ln->free[b][--ln->n_free[b]];
 }
 
+int kv_chan_room(const KVCache *c, const KVLane *ln, int b) {
+    int j = ln->kopen[b];
+    if (j < 0) {   /* the next store opens an empty group: band_pop's choice, the first such row from the stack's top */
+        for (int i = ln->n_free[b] - 1; i >= 0 && j < 0; i--) {
+            int x = (ln->free[b][i] - ln->band_first[b]) / c->kgroup;
+            if (chan_group_live(c, ln, b, x) == 0) j = x;
+        }
+        if (j < 0) return 0;   /* only holes in sealed groups are free: a store there may re-quantize its group */
+    }
+    return chan_group_rows(c, ln, b, j) - 1 - chan_group_live(c, ln, b, j);
+}
+
 /* Mark slot s free (band's stack, bytes); the live list is compacted by lane_compact. */
 static void slot_release(KVCache *c, KVLane *ln, int s) {
     int b = kv_slot_band(ln, s);

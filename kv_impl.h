@@ -35,6 +35,11 @@ static inline int kv_query_selects(const KVCache *c, int t) {
 /* A key of per-channel band b (kgroup=channel) as stored: a pointer to its f32 row while its group is open, else
  * decoded from its codes and its group's scales and minimums into x (head_dim), x returned (kv.c). */
 const float *kv_chan_key(const KVCache *c, const KVLane *ln, int b, int slot, float *x);
+/* How many keys per-channel band b of the lane can take from now, none of them sealing a group: the open group's free
+ * rows but its last (or, with no open group, those of the empty group the next store opens, band_pop's choice), 0
+ * when the next store seals or lands in a sealed group. Stores into such rows change no stored key's bits: each new
+ * key waits in f32 in the open group (the chunk path's rule, attn_cpu.c). */
+int kv_chan_room(const KVCache *c, const KVLane *ln, int b);
 
 /* The f32 key and value of a low-rank cache's slot (c->krank, c->vrank; kv.c, "Low rank"): before the lane's fit, its
  * full-rank staging row decoded as a full-rank cache reads it; after it, basis times coefficients, the key then rotated

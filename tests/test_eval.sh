@@ -42,10 +42,10 @@ for spec in $(./run -h policies | sed -n 's/^    example: //p'); do EXAMPLES+=(-
 POLS=("${EXAMPLES[@]}" -kv window:12 -kv sink:12,sinks=2 -kv h2o:12,recent=4 -kv tova:12,per=layer -kv window:12,pos=cache
        -kv sink:12,type=q8 -kv h2o:12,type=q4,residual=3 -kv full,type=q8,residual=16 -kv full,prec=f32:5/q8:9/q4
        -kv full,kprec=f32:8/q4,vprec=f16:3/q8 -kv full,type=f16,residual=4 -kv full,krank=4,calib=20
-       -kv full,rank=4,type=q8,calib=33,pos=cache)
+       -kv full,rank=4,type=q8,calib=33,pos=cache -kv full,type=q4,kgroup=channel,kgsize=6)
 # a calibration text when an example's policy chooses its lanes on one (-h policies: "needs: -calib FILE")
 CAL=(); ./run -h policies | grep -q '^    needs: -calib' && CAL=(-calib "$tmp/calib.txt")
-# --- batched == token by token, 1 == 2 threads (the low-rank specs fit their bases inside chunks of 64) ---
+# --- batched == token by token, 1 == 2 threads (low-rank bases fitted and key groups sealed inside chunks of 64) ---
 OMP_NUM_THREADS=2 ./run "$M" -m ppl -f "$tmp/a.txt" -c 64 "${POLS[@]}" "${CAL[@]}" -chunk 1 -tokenlog "$tmp/c1.jsonl" \
     -o "$tmp/c1o.jsonl" -bucket 50 2>"$tmp/err1"
 rc1=$?
@@ -64,16 +64,18 @@ done
 # 256 below 700; 64 does); decode on 1 thread against 2 (blocks spread over the threads); banded lanes (residual=,
 # prec=, kprec=, vprec=) recode tokens into older bands as the chunk passes (attn_cpu.c, attend_union), also while
 # they evict (h2o, sink, window: their victims come from the oldest band; h2o:200,recent=20 with residual=32 cannot
-# promise that and goes token by token); low-rank lanes (krank=, rank=, vrank=) go a chunk at a time up to the token
-# whose store fits their basis (calib=), which goes alone, then chunks of reconstructed keys and values ---
+# promise that and goes token by token); lanes whose stored keys change at set tokens go a chunk at a time up to
+# that token, which goes alone: low-rank lanes (krank=, rank=, vrank=) at their basis's fit (calib=), per-channel keys
+# (kgroup=channel) at each group's seal ---
 ids 700 5 >"$tmp/long.txt"
 LONG=("${EXAMPLES[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sinks=4 -kv h2o:200,recent=20 -kv tova:150
       -kv window:300,pos=cache -kv window:300,type=q4 -kv full,type=q8,residual=64 -kv full,prec=f32:64/q8:100/q4
       -kv full,prec=f32:40/q8:5/q4 -kv full,kprec=f32:30/q4,vprec=f16:7/q8 -kv h2o:300,type=q4,residual=64
       -kv sink:300,sinks=4,type=q4,residual=32 -kv window:250,prec=f32:16/q8:64/q4 -kv h2o:200,recent=20,type=q8,residual=32)
-LOWRANK=(-kv full,krank=4,calib=100 -kv full,rank=6,type=q8,calib=257 -kv full,vrank=4,type=q4,calib=333
-         -kv full,krank=4,calib=64,pos=cache)
-CAL_LONG=("${CAL[@]}"); CAL_LOWRANK=()   # -calib only where a policy reads it
+RECODE=(-kv full,krank=4,calib=100 -kv full,rank=6,type=q8,calib=257 -kv full,vrank=4,type=q4,calib=333
+        -kv full,krank=4,calib=64,pos=cache -kv full,type=q2,kgroup=channel -kv full,type=q4,kgroup=channel,kgsize=7,pos=cache
+        -kv full,type=q8,kgroup=channel,kgsize=64)
+CAL_LONG=("${CAL[@]}"); CAL_RECODE=()   # -calib only where a policy reads it
 # two shapes: head_dim 8 with GQA groups of 4 (the portable kernels), head_dim 64 with groups of 3 (SmolLM2's: the
 # vector kernels, four tokens at a time in the chunk paths)
 for shape in "64 8 2" "192 3 1"; do
@@ -81,7 +83,7 @@ for shape in "64 8 2" "192 3 1"; do
     ./export --random "$tmp/long.bin" --dim $1 --hidden 160 --layers 2 --heads $2 --kv-heads $3 --vocab 211 --seq 768 \
         --seed 6 >/dev/null 2>&1 || fail "export --random (768 positions)"
     what="dim $1, $2 heads, $3 kv heads"
-    for set in LONG LOWRANK; do
+    for set in LONG RECODE; do
         declare -n specs=$set cal=CAL_$set
         OMP_NUM_THREADS=2 ./run "$tmp/long.bin" -m ppl -f "$tmp/long.txt" -c 640 "${specs[@]}" "${cal[@]}" -chunk 1 \
             -tokenlog "$tmp/l1.jsonl" >/dev/null 2>"$tmp/errl1"

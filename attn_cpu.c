@@ -1124,8 +1124,11 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
  * stays packed and U is built as for a banded lane (a rank that recodes while the chunk passes, twice), the steps'
  * gather finding each live rank by its position and its band then; other evicting lanes with bands go token by
  * token (which band an eviction frees, and so which tokens recode, would depend on the policy's choice).
- * tests/test_eval.sh checks every registered policy and banded specs, evicting ones among them, at -chunk 5, 7 and
- * 64 against -chunk 1, bit for bit. */
+ * Per-channel keys (kgroup=channel) in any band: a chunk ends before any group would seal or take a key into a
+ * sealed group's hole (chan_room), so a key keeps its form while the chunk passes but where it crosses into a
+ * per-channel band, whose open group takes it decoded, in f32 (union_recode).
+ * tests/test_eval.sh checks every registered policy and banded and per-channel specs, evicting ones among them, at
+ * -chunk 5, 7 and 64 against -chunk 1, bit for bit. */
 
 /* The band that holds the token of age r (0: the newest) in a packed lane: the bands fill newest first. */
 static int packed_band(const KVCache *c, const KVLane *ln, int r) {
@@ -1154,9 +1157,28 @@ static int lane_packed(const KVCache *c, const KVLane *ln) {
  * chunk_banded both ask). */
 static int union_refused(const KVCache *c, int t) {
     const KVPolicyOps *ops = c->policy.ops;
-    return c->device || c->kgroup || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
+    return c->device || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
            || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada || c->merge_evict
            || c->spec.pos != POS_ORIG;
+}
+
+/* Tokens a chunk of attend_union may hold in layer l so that no per-channel key group (kgroup=channel) seals or
+ * takes a key into a sealed group's hole while it passes: kv_chan_room of every per-channel band of every lane (each
+ * token stores into a band once at most: its own store, or one recode from the band before). With eviction
+ * (`evicting`), a band with no open group gives 0: an eviction may empty a sealed group, which the next store would
+ * then open in place of the group kv_chan_room foresaw. INT_MAX without per-channel bands. */
+static int chan_room(const KVCache *c, int l, int evicting) {
+    int H = c->shape.n_kv_heads, room = INT_MAX;
+    if (!c->kgroup) return room;
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &c->lanes[l * H + g];
+        for (int b = 0; b < c->n_bands; b++) {
+            if (!c->band_kchan[b] || ln->band_slots[b] == 0) continue;
+            int r = evicting && ln->kopen[b] < 0 ? 0 : kv_chan_room(c, ln, b);
+            room = r < room ? r : room;
+        }
+    }
+    return room;
 }
 
 /* Tokens a chunk of layer l's banded lanes may hold so that each crosses one band boundary at most: the fewest
@@ -1187,9 +1209,11 @@ static int packed_room(const KVCache *c, int l, int *newer) {
 static int chunk_evicts(const KVCache *c, int l, int t) {
     const KVPolicyOps *ops = c->policy.ops;
     if (union_refused(c, t) || !ops->evict) return 0;
-    if (c->n_bands < 2) return INT_MAX;
+    int chan = chan_room(c, l, 1);
+    if (c->n_bands < 2) return chan;
     if (!ops->protects || c->pool) return 0;
     int newer, room = packed_room(c, l, &newer);
+    room = chan < room ? chan : room;
     return ops->protects(&c->policy) - 1 >= newer ? room : 0;
 }
 
@@ -1198,8 +1222,9 @@ static int chunk_evicts(const KVCache *c, int l, int t) {
  * any lane's free slots (nothing is evicted) and packed_room (one boundary at most per token). 0 when none can. */
 static int chunk_banded(const KVCache *c, int l, int t) {
     if (c->n_bands < 2 || union_refused(c, t) || c->pool) return 0;
-    int H = c->shape.n_kv_heads, newer, room = packed_room(c, l, &newer);
+    int H = c->shape.n_kv_heads, newer, room = packed_room(c, l, &newer), chan = chan_room(c, l, 0);
     room = c->budget < room ? c->budget : room;
+    room = chan < room ? chan : room;
     for (int g = 0; g < H; g++) {
         const KVLane *ln = &c->lanes[l * H + g];
         room = ln->cap - ln->n_live < room ? ln->cap - ln->n_live : room;
@@ -1265,7 +1290,8 @@ static const float *union_recode(const KVCache *c, const KVLane *ln, float *x, c
     const KVType *ty = is_v ? c->band_vtype : c->band_ktype;
     for (int b = from + 1, at = from; b <= to; b++) {
         if (ln->band_slots[b] == 0) continue;
-        if (ty[b] != ty[at]) {
+        /* a key entering a per-channel band is decoded into its open group (none seals while the chunk passes) */
+        if (ty[b] != ty[at] && !(!is_v && c->band_kchan[b])) {
             if (p != x) memcpy(x, p, (size_t)c->shape.head_dim * sizeof(float));
             p = x;
             chunk_roundtrip(x, ty[b], c->shape.head_dim);

@@ -66,7 +66,7 @@ done
 # they evict (h2o, sink, window: their victims come from the oldest band; h2o:200,recent=20 with residual=32 cannot
 # promise that and goes token by token); lanes whose stored keys change at set tokens go a chunk at a time up to
 # that token, which goes alone: low-rank lanes (krank=, rank=, vrank=) at their basis's fit (calib=), per-channel keys
-# (kgroup=channel) at each group's seal ---
+# (kgroup=channel) at each group's seal (also with bands and while evicting) ---
 ids 700 5 >"$tmp/long.txt"
 LONG=("${EXAMPLES[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sinks=4 -kv h2o:200,recent=20 -kv tova:150
       -kv window:300,pos=cache -kv window:300,type=q4 -kv full,type=q8,residual=64 -kv full,prec=f32:64/q8:100/q4
@@ -74,7 +74,9 @@ LONG=("${EXAMPLES[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sin
       -kv sink:300,sinks=4,type=q4,residual=32 -kv window:250,prec=f32:16/q8:64/q4 -kv h2o:200,recent=20,type=q8,residual=32)
 RECODE=(-kv full,krank=4,calib=100 -kv full,rank=6,type=q8,calib=257 -kv full,vrank=4,type=q4,calib=333
         -kv full,krank=4,calib=64,pos=cache -kv full,type=q2,kgroup=channel -kv full,type=q4,kgroup=channel,kgsize=7,pos=cache
-        -kv full,type=q8,kgroup=channel,kgsize=64)
+        -kv full,type=q8,kgroup=channel,kgsize=64 -kv h2o:200,type=q4,kgroup=channel,kgsize=8,residual=32
+        -kv sink:300,sinks=4,type=q8,kgroup=channel -kv full,prec=f32:40/q8:64/q4,kgroup=channel,kgsize=16
+        -kv window:250,type=q2,kgroup=channel,residual=16 -kv h2o:150,recent=40,type=q4,kgroup=channel,kgsize=12)
 CAL_LONG=("${CAL[@]}"); CAL_RECODE=()   # -calib only where a policy reads it
 # two shapes: head_dim 8 with GQA groups of 4 (the portable kernels), head_dim 64 with groups of 3 (SmolLM2's: the
 # vector kernels, four tokens at a time in the chunk paths)

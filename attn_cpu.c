@@ -1498,6 +1498,109 @@ static int attend_union(KVCache *c, float *out, int l, int pos0, int n, const fl
     return rc;
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * A chunk of a selection policy that scores every key (select_scores: topk). Token by token each query scores every
+ * live key of its lane (kv.c, lane_scores), the policy chooses from those scores, and attention reads the chosen ranks
+ * (kv_attend_select). The policy keeps every token and nothing else changes a stored key while the chunk passes
+ * (chunk_selects), so token u's live list is the lane's list now, then the chunk's tokens up to its own, as in
+ * attend_static. The scores of every (token, query head) against every key it sees are computed in one pass over the
+ * keys, with lane_scores' arithmetic: the rotated query as kv_attend_select rotates it (kv_rope: the numbers of
+ * chunk_queries' tables), each dot an in-order f32 sum over d from 0, a multiply then an add, then times 1/√head_dim.
+ * Then, token by token on one thread, kv_append and kv_attend_select, which reads the token's scores (c->sel_pre)
+ * instead of scoring, and chooses, accounts and attends as at -chunk 1: the same bits.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* How many of the next tokens of layer l, from position t, attend_select may run as one chunk: a select_scores
+ * policy whose every query selects from t on (kv_query_selects stays true once it is), one band, keys per token, full
+ * rank, one memory tier, the CPU's fast backend, nothing pruned, merged or evicted: every lane's free slots. 0 when
+ * none. */
+static int chunk_selects(const KVCache *c, int l, int t) {
+    const KVPolicyOps *ops = c->policy.ops;
+    if (!ops->select_scores || ops->select_keys || !kv_query_selects(c, t) || c->device || c->n_bands > 1 || c->kgroup
+        || c->krank || c->vrank || c->tiers || c->backend == KV_BACKEND_REF || ops->prune || ops->merge || c->ada
+        || c->merge_evict)
+        return 0;
+    int H = c->shape.n_kv_heads, room = c->budget;
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &c->lanes[l * H + g];
+        room = ln->cap - ln->n_live < room ? ln->cap - ln->n_live : room;
+    }
+    return room;
+}
+
+/* The scores of keys kp (ranks [j0, j1) of lane g, f32 as attention sees them) against every (token, head) of the
+ * chunk that sees the block (token u sees ranks up to n0 + u; later ones are scored too and never read), into P +
+ * (u·n_heads + h)·ld + j: lane_scores' sums, the block laid out dimension-major so the compiler keeps the keys'
+ * independent sums side by side in vector registers. */
+static void select_block_scores(float *P, size_t ld, const float *Q, const float *const *kp, int g, int j0, int j1,
+                                int n0, int n, int nh, int G, int hd, float scale) {
+    int nk = j1 - j0;
+    float kt[hd][KV_KEY_BLOCK], acc[KV_KEY_BLOCK];
+    for (int d = 0; d < hd; d++)
+        for (int b = 0; b < KV_KEY_BLOCK; b++) kt[d][b] = b < nk ? kp[b][d] : 0;
+    for (int u = j0 > n0 ? j0 - n0 : 0; u < n; u++)
+        for (int hh = 0; hh < G; hh++) {
+            size_t row = (size_t)u * nh + g * G + hh;
+            const float *qh = Q + row * hd;
+            for (int b = 0; b < KV_KEY_BLOCK; b++) acc[b] = 0;
+            for (int d = 0; d < hd; d++)
+                for (int b = 0; b < KV_KEY_BLOCK; b++) acc[b] += qh[d] * kt[d][b];
+            float *o = P + row * ld + j0;
+            for (int b = 0; b < nk; b++) o[b] = acc[b] * scale;
+        }
+}
+
+/* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_selects(c, l, pos0) ≥ n, chunk buffers reserved), as
+ * the comment above says. 0, or -1 when a store fails (as kv_append). */
+static int attend_select(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k,
+                         const float *v, KVAttnHook hook, void *hook_ctx) {
+    const KVShape *s = &c->shape;
+    int hd = s->head_dim, n_kv = s->n_kv_heads, nh = s->n_heads, G = nh / n_kv, B = c->budget;
+    int kv_dim = n_kv * hd, q_dim = nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    KVLane *lanes = &c->lanes[l * n_kv];
+    int n0[n_kv], max_n = 0;
+    for (int g = 0; g < n_kv; g++) {
+        n0[g] = lanes[g].n_live;
+        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
+    }
+    if (c->spec.pos == POS_ORIG && (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n)) {   /* shared by the layers */
+        for (int u = 0; u < n; u++) kv_rope_cs(c->chunk_cs + (size_t)u * hd, s, pos0 + u);
+        c->chunk_cs_pos0 = pos0;
+        c->chunk_cs_n = n;
+    }
+    int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
+    float *P = chunk_scratch.p, *Q = chunk_scratch.q;
+    size_t work = (size_t)max_n * hd * nh * n;
+    #pragma omp parallel if (work >= KV_PARALLEL_MIN_WORK)
+    {
+        chunk_queries(c, Q, q, n, n0);
+        #pragma omp for schedule(static)
+        for (int item = 0; item < n_kv * blocks; item++) {
+            int g = item / blocks, j0 = item % blocks * KV_KEY_BLOCK, j1 = j0 + KV_KEY_BLOCK;
+            if (j1 > n0[g] + n) j1 = n0[g] + n;
+            if (j1 <= j0) continue;
+            const float *kp[KV_KEY_BLOCK];
+            for (int j = j0; j < j1; j++) {   /* the lane's live keys, then the chunk's as they will be stored */
+                float *kx = c->kbuf + ((size_t)g * B + j) * hd;
+                kp[j - j0] = j < n0[g] ? kv_lane_key(c, &lanes[g], j, kx)
+                                       : chunk_key(c, &lanes[g], kx, k + (size_t)(j - n0[g]) * kv_dim + (size_t)g * hd,
+                                                   j, c->chunk_cs + (size_t)(j - n0[g]) * hd);
+            }
+            select_block_scores(P, B, Q, kp, g, j0, j1, n0[g], n, nh, G, hd, scale);
+        }
+    }
+    for (int u = 0; u < n; u++) {
+        if (kv_append(c, l, pos0 + u, k + (size_t)u * kv_dim, v + (size_t)u * kv_dim)) return -1;
+        c->sel_pre = P + (size_t)u * nh * B;
+        kv_attend_select(c, out + (size_t)u * q_dim, l, pos0 + u, q + (size_t)u * q_dim);
+        c->sel_pre = NULL;
+        if (hook) hook(hook_ctx, l, c, pos0 + u);
+    }
+    c->chunk_steps += n;
+    return 0;
+}
+
 int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float *q, const float *k, const float *v,
                     KVAttnHook hook, void *hook_ctx) {
     const KVShape *s = &c->shape;
@@ -1513,6 +1616,17 @@ int kv_attend_chunk(KVCache *c, float *out, int l, int pos0, int n, const float 
                               k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx)) return -1;
             t += nt;
             continue;
+        }
+        int sel = n - t >= 2 ? chunk_selects(c, l, pos0 + t) : 0;
+        if (sel >= 2) {
+            int ns = sel < n - t ? sel : n - t;
+            ns = ns < most ? ns : most;
+            if (ns >= 2 && !chunk_reserve(c, ns)) {
+                if (attend_select(c, out + (size_t)t * q_dim, l, pos0 + t, ns, q + (size_t)t * q_dim,
+                                  k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, hook, hook_ctx)) return -1;
+                t += ns;
+                continue;
+            }
         }
         int banded = n - t >= 2 ? chunk_banded(c, l, pos0 + t) : 0;
         int evicts = n - t >= 2 && banded < 2 ? chunk_evicts(c, l, pos0 + t) : 0;

@@ -2437,7 +2437,10 @@ static int select_ranks(KVCache *c, int l, int g, int pos_now, int rot, const fl
         kv_rope(qr + (size_t)hh * hd, s, rot);
     }
     if (ops->select_scores) {
-        lane_scores(sg, (size_t)B, c, ln, NULL, n, qr, group);
+        if (c->sel_pre)   /* the same numbers, computed ahead for a chunk (attn_cpu.c, attend_select) */
+            for (int hh = 0; hh < group; hh++)
+                memcpy(sg + (size_t)hh * B, c->sel_pre + ((size_t)g * group + hh) * B, (size_t)n * sizeof(float));
+        else lane_scores(sg, (size_t)B, c, ln, NULL, n, qr, group);
         for (int i = 0; i < n; i++) {
             float sum = 0;
             for (int hh = 0; hh < group; hh++) sum += sg[(size_t)hh * B + i];

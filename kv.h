@@ -555,6 +555,9 @@ struct KVCache {
     int *run_buf;            /* (budget) merge run lengths */
     double *score_buf;       /* (budget) */
     float *sel_score;        /* (budget) group-mean scores for select */
+    const float *sel_pre;    /* NULL, or (n_heads, budget): this step's scores of every live key, computed ahead by the
+                                chunk path (attn_cpu.c, attend_select) with lane_scores' arithmetic; a select_scores
+                                policy's step then reads them instead of scoring (kv.c, select_ranks) */
     int *read_rank;          /* (n_kv_heads, budget) the ranks the last step of the layer read, per kv head */
     int *read_n;             /* (n_kv_heads) how many; -1 = every live rank */
     size_t live_bytes;       /* total live bytes now, kept as slots fill, move and free (kv_bytes recounts them) */

@@ -66,7 +66,8 @@ done
 # they evict (h2o, sink, window: their victims come from the oldest band; h2o:200,recent=20 with residual=32 cannot
 # promise that and goes token by token); lanes whose stored keys change at set tokens go a chunk at a time up to
 # that token, which goes alone: low-rank lanes (krank=, rank=, vrank=) at their basis's fit (calib=), per-channel keys
-# (kgroup=channel) at each group's seal (also with bands and while evicting) ---
+# (kgroup=channel) at each group's seal (also with bands and while evicting); topk scores every key of a chunk's
+# queries in one pass, then chooses and attends token by token ---
 ids 700 5 >"$tmp/long.txt"
 LONG=("${EXAMPLES[@]}" -kv full -kv full,type=q8 -kv window:300 -kv sink:300,sinks=4 -kv h2o:200,recent=20 -kv tova:150
       -kv window:300,pos=cache -kv window:300,type=q4 -kv full,type=q8,residual=64 -kv full,prec=f32:64/q8:100/q4
@@ -77,7 +78,8 @@ RECODE=(-kv full,krank=4,calib=100 -kv full,rank=6,type=q8,calib=257 -kv full,vr
         -kv full,type=q8,kgroup=channel,kgsize=64 -kv h2o:200,type=q4,kgroup=channel,kgsize=8,residual=32
         -kv sink:300,sinks=4,type=q8,kgroup=channel -kv full,prec=f32:40/q8:64/q4,kgroup=channel,kgsize=16
         -kv window:250,type=q2,kgroup=channel,residual=16 -kv h2o:150,recent=40,type=q4,kgroup=channel,kgsize=12)
-CAL_LONG=("${CAL[@]}"); CAL_RECODE=()   # -calib only where a policy reads it
+SELECT=(-kv topk:64 -kv topk:100,pos=cache -kv topk:40,type=q4 -kv topk:300,type=f16)
+CAL_LONG=("${CAL[@]}"); CAL_RECODE=(); CAL_SELECT=()   # -calib only where a policy reads it
 # two shapes: head_dim 8 with GQA groups of 4 (the portable kernels), head_dim 64 with groups of 3 (SmolLM2's: the
 # vector kernels, four tokens at a time in the chunk paths)
 for shape in "64 8 2" "192 3 1"; do
@@ -85,7 +87,7 @@ for shape in "64 8 2" "192 3 1"; do
     ./export --random "$tmp/long.bin" --dim $1 --hidden 160 --layers 2 --heads $2 --kv-heads $3 --vocab 211 --seq 768 \
         --seed 6 >/dev/null 2>&1 || fail "export --random (768 positions)"
     what="dim $1, $2 heads, $3 kv heads"
-    for set in LONG RECODE; do
+    for set in LONG RECODE SELECT; do
         declare -n specs=$set cal=CAL_$set
         OMP_NUM_THREADS=2 ./run "$tmp/long.bin" -m ppl -f "$tmp/long.txt" -c 640 "${specs[@]}" "${cal[@]}" -chunk 1 \
             -tokenlog "$tmp/l1.jsonl" >/dev/null 2>"$tmp/errl1"

@@ -139,6 +139,7 @@ typedef struct {
     int *spans;             /* (2 * the largest budget) scratch of kv_lane_read */
     double *group_prob;     /* (threads, ctx) scratch: one GQA group's mean probabilities, for the top-B recall */
     int *topk_B, n_topk;    /* the policies' distinct budgets B */
+    int *topk_desc;         /* (n_topk) indices of topk_B, the largest budget first */
     double *topk;           /* (chunk, n_topk) the top-B recall of each token of the chunk at the current layer */
 } EvalCtx;
 
@@ -150,21 +151,28 @@ static void eval_ctx_init(EvalCtx *e, const Model *m, PolicyRun *runs, int n_run
     int most = 0;
     for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;
     *e = (EvalCtx){m, &runs[0], calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float)), ctx, 0,
-                   calloc((size_t)2 * most, sizeof(int)), calloc((size_t)run_threads() * ctx, sizeof(double)),
-                   calloc((size_t)n_runs, sizeof(int)), 0, calloc((size_t)chunk * n_runs, sizeof(double))};
-    for (int k = 1; e->topk_B && k < n_runs; k++) {
+                   calloc((size_t)2 * most, sizeof(int)), calloc((size_t)run_threads() * 2 * ctx, sizeof(double)),
+                   calloc((size_t)n_runs, sizeof(int)), 0, calloc((size_t)n_runs, sizeof(int)),
+                   calloc((size_t)chunk * n_runs, sizeof(double))};
+    if (!e->shadow_prob || !e->spans || !e->group_prob || !e->topk_B || !e->topk_desc || !e->topk)
+        fatal("out of memory for the shadow's attention (%d tokens)", ctx);
+    for (int k = 1; k < n_runs; k++) {
         int B = runs[k].cache.policy.budget, seen = 0;
         for (int i = 0; i < e->n_topk; i++) seen |= e->topk_B[i] == B;
         if (!seen) e->topk_B[e->n_topk++] = B;
     }
-    if (!e->shadow_prob || !e->spans || !e->group_prob || !e->topk_B || !e->topk)
-        fatal("out of memory for the shadow's attention (%d tokens)", ctx);
+    for (int i = 0; i < e->n_topk; i++) {   /* insertion sort of the indices by budget, descending */
+        int j = i;
+        while (j > 0 && e->topk_B[e->topk_desc[j - 1]] < e->topk_B[i]) { e->topk_desc[j] = e->topk_desc[j - 1]; j--; }
+        e->topk_desc[j] = i;
+    }
 }
 static void eval_ctx_free(EvalCtx *e) {
     free(e->shadow_prob);
     free(e->spans);
     free(e->group_prob);
     free(e->topk_B);
+    free(e->topk_desc);
     free(e->topk);
 }
 
@@ -213,8 +221,9 @@ static void shadow_hook(void *ctx, int l, const KVCache *c, int pos) {
         memcpy(dst + (size_t)h * e->ctx, c->scores + (size_t)h * c->budget, (size_t)n * sizeof(float));
 }
 
-/* The sum of the k largest of x[0..n) (k <= n), x reordered: Hoare's selection (quickselect) puts them first. */
-static double top_sum(double *x, int n, int k) {
+/* x[0..n) reordered so that its k largest (1 <= k <= n) come first, in no particular order: Hoare's selection
+ * (quickselect). Returns the k-th largest, the least of them. */
+static double select_top(double *x, int n, int k) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         double pivot = x[lo + (hi - lo) / 2];
@@ -228,43 +237,65 @@ static double top_sum(double *x, int n, int k) {
         else if (k - 1 >= i) lo = i;
         else break;
     }
-    double sum = 0;
-    for (int i = 0; i < k; i++) sum += x[i];
-    return sum;
+    double least = x[0];
+    for (int i = 1; i < k; i++) least = x[i] < least ? x[i] : least;
+    return least;
 }
 
-/* The top-B recall at pos of the shadow's probabilities sp (n_heads rows of ctx): per GQA group, the mass of the
- * shadow's mean probability on its B most attended positions (every position while pos < B), the mean over the
- * groups. x: ctx doubles of scratch. */
-static double recall_topk(const EvalCtx *e, const float *sp, int pos, int B, double *x) {
+/* The top-B recall at pos of the shadow's probabilities sp (n_heads rows of ctx) for the budgets B[0..nb), into
+ * out[0..nb): per GQA group, the mass of the shadow's mean probability on its B most attended positions (1 while
+ * pos < B: every position), the mean over the groups. Per group, nested selections give each budget's threshold,
+ * the B-th largest (the largest budget first, by `desc`, each smaller one within the previous one's top), then one
+ * pass over the positions in order sums, for each budget, the values above its threshold, and the threshold is added
+ * once for each tie it takes: each figure depends on the probabilities, the position and B alone, not on the other
+ * budgets of the run. x: 2·ctx doubles of scratch. */
+static void recall_topk(const EvalCtx *e, const float *sp, int pos, const int *B, const int *desc, int nb, double *x,
+                        double *out) {
     const Config *cf = &e->m->config;
     int H = cf->n_heads, G = cf->n_kv_heads, group = H / G, n = pos + 1;
-    double sum = 0;
+    double *y = x + e->ctx, thr[nb], top[nb];
+    int above[nb];
+    for (int i = 0; i < nb; i++) out[i] = 0;
     for (int g = 0; g < G; g++) {
         for (int p = 0; p < n; p++) x[p] = 0;
         for (int hh = 0; hh < group; hh++) {
             const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
             for (int p = 0; p < n; p++) x[p] += ph[p];
         }
-        sum += top_sum(x, n, B < n ? B : n) / group;
+        memcpy(y, x, (size_t)n * sizeof(double));
+        for (int j = 0, lim = n; j < nb; j++) {
+            int i = desc[j];
+            if (B[i] >= n) { thr[i] = -INFINITY; continue; }   /* every position */
+            thr[i] = select_top(y, lim, B[i]);
+            lim = B[i];
+        }
+        for (int i = 0; i < nb; i++) { top[i] = 0; above[i] = 0; }
+        for (int p = 0; p < n; p++)
+            for (int i = 0; i < nb; i++)
+                if (x[p] > thr[i]) { top[i] += x[p]; above[i]++; }
+        for (int i = 0; i < nb; i++)
+            if (B[i] < n) out[i] += (top[i] + (B[i] - above[i]) * thr[i]) / group;
     }
-    return sum / G;
+    for (int i = 0; i < nb; i++) out[i] = B[i] < n ? out[i] / G : 1;
 }
 
 /* After the shadow attended the chunk's first nt tokens at a layer: the top-B recall of each (token, policy budget),
  * which depends on nothing but the shadow's probabilities, the position and B, so the policies that share a budget
  * (a grid's window, sink, h2o ... at B) read one figure, computed here in parallel rather than in each policy's
- * hook, on the thread that runs the policy's steps (the same function, the same bits). */
+ * hook, on the thread that runs the policy's steps. */
 static void topk_layer(EvalCtx *e, int nt) {
     int H = e->m->config.n_heads;
     #pragma omp parallel for schedule(dynamic)
-    for (int x = 0; x < nt * e->n_topk; x++) {
-        int u = x / e->n_topk, B = e->topk_B[x % e->n_topk], pos = e->pos0 + u, tid = 0;
+    for (int u = 0; u < nt; u++) {
+        int pos = e->pos0 + u, tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        e->topk[x] = B <= pos && pos < e->ctx ? recall_topk(e, e->shadow_prob + (size_t)u * H * e->ctx, pos, B,
-                                                            e->group_prob + (size_t)tid * e->ctx) : 1;
+        double *out = e->topk + (size_t)u * e->n_topk;
+        if (pos < e->ctx)
+            recall_topk(e, e->shadow_prob + (size_t)u * H * e->ctx, pos, e->topk_B, e->topk_desc, e->n_topk,
+                        e->group_prob + (size_t)tid * 2 * e->ctx, out);
+        else for (int i = 0; i < e->n_topk; i++) out[i] = 1;
     }
 }
 

@@ -25,6 +25,10 @@
 #include "kv.h"
 #include "util.h"
 
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -889,11 +893,58 @@ static void top_sift(int *heap, int k, int j, const float *score) {
 static int top_k(int *idx, const float *score, int n, int k) {
     for (int j = 0; j < k; j++) idx[j] = j;
     for (int j = k / 2 - 1; j >= 0; j--) top_sift(idx, k, j, score);
-    for (int i = k; i < n; i++)
+    /* i enters when it beats the heap's root; every index in the heap is below i, so on a tie the root stays: the
+       test is score[i] > score[root] alone, which a vector compare skips eight scores at a time when none passes */
+    int i = k;
+#ifdef __AVX__
+    for (; i + 8 <= n; i += 8) {
+        unsigned mask = (unsigned)_mm256_movemask_ps(
+            _mm256_cmp_ps(_mm256_loadu_ps(score + i), _mm256_set1_ps(score[idx[0]]), _CMP_GT_OQ));
+        for (; mask; mask &= mask - 1) {
+            int x = i + __builtin_ctz(mask);
+            if (top_worse(score, idx[0], x)) { idx[0] = x; top_sift(idx, k, 0, score); }
+        }
+    }
+#endif
+    for (; i < n; i++)
         if (top_worse(score, idx[0], i)) { idx[0] = i; top_sift(idx, k, 0, score); }
     int m = 0, kth = idx[0];
     for (int i = 0; i < n && m < k; i++)
         if (!top_worse(score, i, kth)) idx[m++] = i;
+    return m;
+}
+
+/* top_k's answer by selection rather than a heap, for n scores and room for n ints at idx (its scratch first): the
+ * k-th largest score v by Hoare's quickselect over a copy, then, in index order, every index scoring above v and the
+ * lowest-index ties at v until k: the same set as top_k's order (higher score, then lower index), in the same
+ * order. O(n) on average against top_k's O(n log k) when many scores climb past the root (recent tokens often do).
+ * Returns -1, doing nothing useful, when a score is NaN (top_k then decides). */
+static int top_k_select(int *idx, const float *score, int n, int k) {
+    float *x = (float *)(void *)idx;   /* scratch: idx is malloc'd room for n ints, each slot a float until the end */
+    for (int i = 0; i < n; i++) {
+        if (score[i] != score[i]) return -1;
+        x[i] = score[i];
+    }
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = x[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {   /* descending */
+            while (x[i] > pivot) i++;
+            while (x[j] < pivot) j--;
+            if (i <= j) { float t = x[i]; x[i] = x[j]; x[j] = t; i++; j--; }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+    float v = x[0];
+    for (int i = 1; i < k; i++) v = x[i] < v ? x[i] : v;
+    int above = 0;
+    for (int i = 0; i < n; i++) above += score[i] > v;
+    int m = 0, ties = k - above;
+    for (int i = 0; i < n && m < k; i++)
+        if (score[i] > v || (score[i] == v && ties-- > 0)) idx[m++] = i;
     return m;
 }
 
@@ -902,6 +953,10 @@ static int topk_select(KVPolicy *p, int lane, const KVLane *ln, int t, const flo
     int n = ln->n_live, k = p->budget < n ? p->budget : n;
     if (k > max) k = max;
     if (k == n) { for (int i = 0; i < n; i++) ranks[i] = i; return n; }
+    if (n <= max) {   /* ranks has room for the scratch */
+        int m = top_k_select(ranks, score, n, k);
+        if (m >= 0) return m;
+    }
     return top_k(ranks, score, n, k);
 }
 

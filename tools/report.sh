@@ -4,10 +4,10 @@
 #
 #   make report                       the full grid (REPORT_TOKENS=8192 tokens; on a 2-core Xeon, 2026-12-07: main
 #                                     11m37s, quant 8m46s, pos 4m52s, passkey 2m58s, select 2m12s, tiers 1m19s,
-#                                     passkey_sel 16m23s, and compress, whose per-channel and low-rank keys go token
-#                                     by token, 40 minutes or more: the estimate printed first says what this machine
-#                                     expects), written to build/report/: the committed report/ changes only with
-#                                     REPORT_OUT=report
+#                                     passkey_sel 16m23s, compress 27m50s (its merge=1 specs go token by token): about
+#                                     76 minutes; the estimate printed first says what this machine expects, and
+#                                     underestimates compress), written to build/report/: the committed report/
+#                                     changes only with REPORT_OUT=report
 #   REPORT_OUT=report make report     the full grid, replacing the committed report/REPORT.md and report/*.png
 #   REPORT_QUICK=1 make report        a small grid (512 tokens, fewer policies, passkey -c 384 and -c 1024) to test
 #                                     the script (about 10 minutes on 2 cores), written to build/report-quick/

@@ -1038,6 +1038,24 @@ static void chunk_last_scores(const KVCache *c, float *scores, const float *P, i
         memcpy(scores + (size_t)h * B, P + ((size_t)(n - 1) * nh + h) * B, (size_t)lanes[h / G].n_live * sizeof(float));
 }
 
+/* The start of attend_static's and attend_select's chunk of n tokens of layer l from pos0: n0[g] the live tokens of
+ * lane g before it, and under pos=orig the rotations of its positions (c->chunk_cs, shared by the layers). Returns
+ * the longest lane the chunk makes, max_g n0[g] + n. */
+static int chunk_start(KVCache *c, int l, int pos0, int n, int *n0) {
+    const KVShape *s = &c->shape;
+    int max_n = 0;
+    for (int g = 0; g < s->n_kv_heads; g++) {
+        n0[g] = c->lanes[l * s->n_kv_heads + g].n_live;
+        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
+    }
+    if (c->spec.pos == POS_ORIG && (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n)) {
+        for (int u = 0; u < n; u++) kv_rope_cs(c->chunk_cs + (size_t)u * s->head_dim, s, pos0 + u);
+        c->chunk_cs_pos0 = pos0;
+        c->chunk_cs_n = n;
+    }
+    return max_n;
+}
+
 /* Steps 1-4 for n tokens of layer l at positions pos0.. (chunk_room(c, l) ≥ n, chunk buffers reserved). Phases, each
  * split over the threads in pieces whose arithmetic does not depend on the split:
  *   queries  per (token, query head): rotated as kv_attend_cpu rotates them;
@@ -1053,16 +1071,7 @@ static int attend_static(KVCache *c, float *out, int l, int pos0, int n, const f
     int kv_dim = n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     KVLane *lanes = &c->lanes[l * n_kv];
-    int n0[n_kv], max_n = 0;   /* live tokens per lane before the chunk */
-    for (int g = 0; g < n_kv; g++) {
-        n0[g] = lanes[g].n_live;
-        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
-    }
-    if (c->spec.pos == POS_ORIG && (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n)) {   /* shared by the layers */
-        for (int u = 0; u < n; u++) kv_rope_cs(c->chunk_cs + (size_t)u * hd, s, pos0 + u);
-        c->chunk_cs_pos0 = pos0;
-        c->chunk_cs_n = n;
-    }
+    int n0[n_kv], max_n = chunk_start(c, l, pos0, n, n0);   /* live tokens per lane before the chunk */
     int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
     float *P = chunk_scratch.p, *Q = chunk_scratch.q;
     size_t work = (size_t)max_n * hd * nh * n;
@@ -1594,16 +1603,7 @@ static int attend_select(KVCache *c, float *out, int l, int pos0, int n, const f
     int kv_dim = n_kv * hd, q_dim = nh * hd;
     float scale = 1.0f / sqrtf((float)hd);
     KVLane *lanes = &c->lanes[l * n_kv];
-    int n0[n_kv], max_n = 0;
-    for (int g = 0; g < n_kv; g++) {
-        n0[g] = lanes[g].n_live;
-        max_n = n0[g] + n > max_n ? n0[g] + n : max_n;
-    }
-    if (c->spec.pos == POS_ORIG && (c->chunk_cs_pos0 != pos0 || c->chunk_cs_n < n)) {   /* shared by the layers */
-        for (int u = 0; u < n; u++) kv_rope_cs(c->chunk_cs + (size_t)u * hd, s, pos0 + u);
-        c->chunk_cs_pos0 = pos0;
-        c->chunk_cs_n = n;
-    }
+    int n0[n_kv], max_n = chunk_start(c, l, pos0, n, n0);
     int blocks = (max_n + KV_KEY_BLOCK - 1) / KV_KEY_BLOCK;
     float *P = chunk_scratch.p, *Q = chunk_scratch.q;
     size_t work = (size_t)max_n * hd * nh * n;

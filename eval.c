@@ -670,6 +670,42 @@ static Doc tokenize_doc(const Model *m, const char *path, Sha256 *text_sha) {
     return d;
 }
 
+/* The seconds left when `done` of `total` tokens took `elapsed`, assuming each token costs a + b·(its index) (a
+ * stream through caches that grow with it: attention reads more keys the later the token), so that d tokens take
+ * E(d) = a·d + b·d². a and b come from now and from the earliest of the job's earlier progress points at or past
+ * half of done (`hist`, n of them); b < 0 (the work per token fell: a cache stopped at -c) counts as 0, which is the
+ * plain rate. */
+static double eta_growing(const double (*hist)[2], int n, long done, long total, double elapsed) {
+    double d = (double)done, lin = elapsed / d, b = 0;
+    for (int i = 0; i < n; i++)
+        if (hist[i][0] >= d / 2 && hist[i][0] < d) {
+            b = (lin - hist[i][1] / hist[i][0]) / (d - hist[i][0]);
+            break;
+        }
+    if (!(b > 0)) b = 0;
+    double a = lin - b * d, T = (double)total;
+    return a * (T - d) + b * (T * T - d * d);
+}
+
+void progress_growing(double t_start, long done, long total, const char *what) {
+    static double last = 0, job = -1, hist[256][2];
+    static int n = 0;
+    double now = now_s(), elapsed = now - t_start + 1e-9;
+    if (t_start != job) { job = t_start; n = 0; }
+    double eta = done > 0 ? eta_growing((const double (*)[2])hist, n, done, total, elapsed) : 0;
+    if (done > 0) {   /* every call is a point; a full history keeps every other one */
+        if (n == 256) for (n = 0; n < 128; n++) { hist[n][0] = hist[2 * n][0]; hist[n][1] = hist[2 * n][1]; }
+        hist[n][0] = (double)done;
+        hist[n][1] = elapsed;
+        n++;
+    }
+    if (done < total && now - last < 5.0) return;
+    last = now;
+    double rate = done / elapsed;
+    fprintf(stderr, "%s %ld/%ld tokens, %.1f tok/s, ETA %dm%02ds%s", what, done, total, rate, (int)eta / 60,
+            (int)eta % 60, isatty(2) && done < total ? "\r" : "\n");
+}
+
 void progress(double t_start, long done, long total, const char *what) {
     static double last = 0;
     double now = now_s();
@@ -821,7 +857,7 @@ static long ppl_stream(const Model *m, Doc *docs, int n_docs, PolicyRun *runs, i
                     outfile_line(tokenlog, &tl);
                 }
             }
-            progress(t_start, done, total, what);
+            progress_growing(t_start, done, total, what);
         }
     }
     free(sc);

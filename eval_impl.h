@@ -78,6 +78,9 @@ void task_job_close(TaskJob *j);
 void note_bytes(PolicyRun *r);
 /* The progress line on stderr (at most every 5 s, and at the end): done of total tokens, rate, ETA. */
 void progress(double t_start, long done, long total, const char *what);
+/* The same for a stream whose tokens cost more the later they come (ppl through growing caches): its ETA fits a
+ * cost per token linear in the token's index to the job's progress so far (eval.c, eta_growing). */
+void progress_growing(double t_start, long done, long total, const char *what);
 
 /* The passkey's text (llama.cpp's examples/passkey): its instruction and the filler sentence, repeated to the
  * length. The filler is also RULER's "noise" haystack, which -m task uses. */

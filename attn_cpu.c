@@ -693,13 +693,32 @@ void kv_attend_cpu(KVCache *c, float *out, int l, int t, const float *q) {
 /* Scratch of the chunk path, bytes at most: chunks are cut so that (tokens, n_heads, budget) probabilities fit. */
 #define KV_CHUNK_SCRATCH (64u << 20)
 
+/* Tokens a chunk (attend_static, attend_union) may hold in layer l so that no per-channel key group (kgroup=channel) seals or
+ * takes a key into a sealed group's hole while it passes: kv_chan_room of every per-channel band of every lane (each
+ * token stores into a band once at most: its own store, or one recode from the band before). With eviction
+ * (`evicting`), a band with no open group gives 0: an eviction may empty a sealed group, which the next store would
+ * then open in place of the group kv_chan_room foresaw. INT_MAX without per-channel bands. */
+static int chan_room(const KVCache *c, int l, int evicting) {
+    int H = c->shape.n_kv_heads, room = INT_MAX;
+    if (!c->kgroup) return room;
+    for (int g = 0; g < H; g++) {
+        const KVLane *ln = &c->lanes[l * H + g];
+        for (int b = 0; b < c->n_bands; b++) {
+            if (!c->band_kchan[b] || ln->band_slots[b] == 0) continue;
+            int r = evicting && ln->kopen[b] < 0 ? 0 : kv_chan_room(c, ln, b);
+            room = r < room ? r : room;
+        }
+    }
+    return room;
+}
+
 /* How many of the next tokens of layer l, from position t, can attend as one chunk: every lane has room for them (no
  * step-1 eviction), the policy never frees or merges slots (no prune, no merge), none of them selects (a selection
  * policy's prompt queries under prompt=dense read every token), there is one precision band (a token recoded into
  * the next band changes its bits), one memory tier (the fast tier's bookkeeping follows each token's store and read
  * in turn) and attention runs on the CPU's fast backend (the reference goes token by token). Per-channel keys
  * (kgroup=channel) change their bits when their group seals: a chunk ends before the token whose store seals a group
- * or lands outside the open one (kv_chan_room; that token goes alone), so its keys are the open group's f32 ones and
+ * or lands outside the open one (chan_room; that token goes alone), so its keys are the open group's f32 ones and
  * the sealed groups' codes, unchanged while it passes. A low-rank lane (krank=, vrank=) re-encodes
  * every slot at its fit, when its calib-th token is stored: a chunk ends before the token whose store fits (that one
  * goes alone), so each token sees every slot in one form, staged or fitted, and the new ones as chunk_key makes
@@ -720,10 +739,6 @@ static int chunk_room(const KVCache *c, int l, int t) {
             r = c->calib - 1 - ln->lr_seen;
             room = r < room ? r : room;
         }
-        if (c->band_kchan[0]) {   /* tokens stored before a seal */
-            r = kv_chan_room(c, ln, 0);
-            room = r < room ? r : room;
-        }
     }
     /* alloc=ada frees slots layer-wide once the layer's lanes hold more than H·B - H (kv.h): token u of the chunk
        (from 0) frees none while total + (u + 1)·H <= H·B. Past that every token goes through kv_append and
@@ -733,7 +748,8 @@ static int chunk_room(const KVCache *c, int l, int t) {
         int r = (H * c->policy.budget - total) / H;
         room = r < room ? r : room;
     }
-    return room;
+    int chan = chan_room(c, l, 0);   /* tokens stored before a per-channel key group seals */
+    return chan < room ? chan : room;
 }
 
 /* The big chunk scratch, shared by every cache of the process (caches attend one after another: eval runs its
@@ -1204,25 +1220,6 @@ static int union_refused(const KVCache *c, int t) {
     return c->device || ops->prune || ops->merge || ops->select || kv_query_selects(c, t)
            || c->backend == KV_BACKEND_REF || c->tiers || c->krank || c->vrank || c->ada || c->merge_evict
            || c->spec.pos != POS_ORIG;
-}
-
-/* Tokens a chunk of attend_union may hold in layer l so that no per-channel key group (kgroup=channel) seals or
- * takes a key into a sealed group's hole while it passes: kv_chan_room of every per-channel band of every lane (each
- * token stores into a band once at most: its own store, or one recode from the band before). With eviction
- * (`evicting`), a band with no open group gives 0: an eviction may empty a sealed group, which the next store would
- * then open in place of the group kv_chan_room foresaw. INT_MAX without per-channel bands. */
-static int chan_room(const KVCache *c, int l, int evicting) {
-    int H = c->shape.n_kv_heads, room = INT_MAX;
-    if (!c->kgroup) return room;
-    for (int g = 0; g < H; g++) {
-        const KVLane *ln = &c->lanes[l * H + g];
-        for (int b = 0; b < c->n_bands; b++) {
-            if (!c->band_kchan[b] || ln->band_slots[b] == 0) continue;
-            int r = evicting && ln->kopen[b] < 0 ? 0 : kv_chan_room(c, ln, b);
-            room = r < room ? r : room;
-        }
-    }
-    return room;
 }
 
 /* Tokens a chunk of layer l's banded lanes may hold so that each crosses one band boundary at most: the fewest

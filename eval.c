@@ -687,6 +687,12 @@ static double eta_growing(const double (*hist)[2], int n, long done, long total,
     return a * (T - d) + b * (T * T - d * d);
 }
 
+/* One progress line on stderr ("\r"-ended on a terminal until the end). */
+static void progress_line(const char *what, long done, long total, double rate, double eta) {
+    fprintf(stderr, "%s %ld/%ld tokens, %.1f tok/s, ETA %dm%02ds%s", what, done, total, rate, (int)eta / 60,
+            (int)eta % 60, isatty(2) && done < total ? "\r" : "\n");
+}
+
 void progress_growing(double t_start, long done, long total, const char *what) {
     static double last = 0, job = -1, hist[256][2];
     static int n = 0;
@@ -701,9 +707,7 @@ void progress_growing(double t_start, long done, long total, const char *what) {
     }
     if (done < total && now - last < 5.0) return;
     last = now;
-    double rate = done / elapsed;
-    fprintf(stderr, "%s %ld/%ld tokens, %.1f tok/s, ETA %dm%02ds%s", what, done, total, rate, (int)eta / 60,
-            (int)eta % 60, isatty(2) && done < total ? "\r" : "\n");
+    progress_line(what, done, total, done / elapsed, eta);
 }
 
 void progress(double t_start, long done, long total, const char *what) {
@@ -712,9 +716,7 @@ void progress(double t_start, long done, long total, const char *what) {
     if (done < total && now - last < 5.0) return;
     last = now;
     double rate = done / (now - t_start + 1e-9);
-    double eta = rate > 0 ? (total - done) / rate : 0;
-    fprintf(stderr, "%s %ld/%ld tokens, %.1f tok/s, ETA %dm%02ds%s", what, done, total, rate, (int)eta / 60,
-            (int)eta % 60, isatty(2) && done < total ? "\r" : "\n");
+    progress_line(what, done, total, rate, rate > 0 ? (total - done) / rate : 0);
 }
 
 /* Streaming perplexity: each document through every policy and the shadow, a chunk of `chunk` tokens at a time,

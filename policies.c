@@ -25,10 +25,6 @@
 #include "kv.h"
 #include "util.h"
 
-#ifdef __AVX__
-#include <immintrin.h>
-#endif
-
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -893,20 +889,7 @@ static void top_sift(int *heap, int k, int j, const float *score) {
 static int top_k(int *idx, const float *score, int n, int k) {
     for (int j = 0; j < k; j++) idx[j] = j;
     for (int j = k / 2 - 1; j >= 0; j--) top_sift(idx, k, j, score);
-    /* i enters when it beats the heap's root; every index in the heap is below i, so on a tie the root stays: the
-       test is score[i] > score[root] alone, which a vector compare skips eight scores at a time when none passes */
-    int i = k;
-#ifdef __AVX__
-    for (; i + 8 <= n; i += 8) {
-        unsigned mask = (unsigned)_mm256_movemask_ps(
-            _mm256_cmp_ps(_mm256_loadu_ps(score + i), _mm256_set1_ps(score[idx[0]]), _CMP_GT_OQ));
-        for (; mask; mask &= mask - 1) {
-            int x = i + __builtin_ctz(mask);
-            if (top_worse(score, idx[0], x)) { idx[0] = x; top_sift(idx, k, 0, score); }
-        }
-    }
-#endif
-    for (; i < n; i++)
+    for (int i = k; i < n; i++)
         if (top_worse(score, idx[0], i)) { idx[0] = i; top_sift(idx, k, 0, score); }
     int m = 0, kth = idx[0];
     for (int i = 0; i < n && m < k; i++)

@@ -102,7 +102,8 @@ static const FlagDef FLAGS[] = {
     {"-prefix", "N", M_SERVE | M_TASK | M_PASSKEY, "1 (default): serve: prefix caching of full's prompt pages "
      "(vLLM's automatic prefix caching); task, passkey: policies that only store over a prompt's first tokens (full, "
      "window, sink, random, snapkv; quest and topk with prompt=dense) start from one shared full-cache prefill of "
-     "them, bit for bit as their own; 0: off"},
+     "them, bit for bit as their own; passkey: a prompt also reuses what the one before computed of the tokens the "
+     "two share (the shared prefill, and the cache an evicting policy saved there); 0: off"},
     {"-shadow", "N", M_SERVE, "1: each finished request's KL and top-1 against its own full-cache shadow at every "
      "token it was served, in a second pass after the trace (its served tokens fed to full in f32, compared with the "
      "logits serving kept); 2: also replay each request alone through its policy and check its logits equal the "

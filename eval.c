@@ -1532,30 +1532,58 @@ int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chun
     return 0;
 }
 
+/* 1 when policy r's cache may be saved part way through a prompt and resumed by the next prompt, which starts with
+ * the same tokens (kv_cache_clone/kv_cache_restore): its state before the prompt's end depends on those tokens
+ * alone (not a prompt-end policy: snapkv gathers the prompt's last queries, whose positions the prompt's length sets),
+ * and nothing outside the cache follows its steps (an event observer for -kvlog, memory tiers, whose modelled
+ * traffic counts every step; pages of a pool and a device mirror cannot be cloned). */
+static int passkey_resumable(const KVCache *c) {
+    return !c->policy.ops->prompt_end && !c->on_event && !c->on_slot && !c->tiers && !c->pool && !c->device;
+}
+
 /* Ask policy r one question: ids[0..n) prefilled from *pos, then answered greedily. fresh: a new document (the cache
  * reset, the prompt's length told to the policy, *pos = 0), whose first `from` tokens are moved in from `shared`, a
  * `full,type=f32` cache that holds them (from <= kv_full_prefix of r's cache and a whole number of chunks: bit for
- * bit what r's own prefill of them leaves; tests/test_passkey.sh compares with -prefix 0); from 0: none. Returns the
+ * bit what r's own prefill of them leaves; tests/test_passkey.sh compares with -prefix 0); from 0: none. With `ck`
+ * (passkey_resumable): resume > 0 starts instead from ck, r's own cache saved after the first `resume` tokens of the
+ * prompt before, which these ids start with; save > 0 saves r's cache into ck (made on first use, *ck_made) after
+ * the first `save` tokens, for the next prompt, and sets *ck_pos = save once it has. resume and save are whole
+ * chunks, so the policy's own chunks are those it would prefill alone, and the saved state is the one a fresh
+ * prefill of those tokens reaches (the state of a passkey_resumable policy before the prompt's end is the tokens'
+ * alone). Returns the
  * answer's first integer, or PK_*. */
 static long passkey_ask(Model *m, PolicyRun *r, const int *ids, size_t n, int fresh, const KVCache *shared, int from,
-                        int *pos, int chunk, int max_new, char *answer, size_t cap) {
+                        KVCache *ck, int *ck_made, int *ck_pos, int resume, int save, int *pos, int chunk,
+                        int max_new, char *answer, size_t cap) {
+    char err[512];
+    int base = fresh ? 0 : *pos;   /* the position of ids[0] */
     if (fresh) {
-        kv_cache_reset(&r->cache);
+        if (resume > 0 && kv_cache_restore(&r->cache, ck, err, sizeof err))
+            fatal("-m passkey: resuming '%s' from the prompt before: %s", r->cache.spec.text, err);
+        if (resume <= 0) kv_cache_reset(&r->cache);
         kv_set_prompt_len(&r->cache, (int)n);
-        *pos = 0;
+        *pos = resume > 0 ? resume : 0;
         r->asked.n = 0;   /* for -kvlog: the token at each position */
     }
     for (size_t i = 0; i < n; i++) ids_push(&r->asked, ids[i]);
     answer[0] = 0;
-    if (from > 0) {
+    if (from > 0 && resume <= 0) {
         KVCache tmp;
-        char err[512];
-        if (kv_cache_clone(&tmp, shared, err, sizeof err) || kv_cache_transfer(&r->cache, &tmp, from, err, sizeof err))
+        if (kv_cache_clone(&tmp, shared, err, sizeof err) || kv_cache_truncate(&tmp, from, err, sizeof err)
+            || kv_cache_transfer(&r->cache, &tmp, from, err, sizeof err))
             fatal("-m passkey: moving the shared prefill into '%s': %s", r->cache.spec.text, err);
         kv_cache_free(&tmp);
         *pos = from;
     }
-    int pre = prefill(m, r, ids + from, n - (size_t)from, pos, chunk);
+    if (save > *pos) {
+        int pre = prefill(m, r, ids + *pos, (size_t)(save - *pos), pos, chunk);   /* fresh: base 0 */
+        if (pre) return pre;
+        if (*ck_made ? kv_cache_restore(ck, &r->cache, err, sizeof err) : kv_cache_clone(ck, &r->cache, err, sizeof err))
+            fatal("-m passkey: saving '%s' for the next prompt: %s", r->cache.spec.text, err);
+        *ck_made = 1;
+        *ck_pos = save;
+    }
+    int pre = prefill(m, r, ids + (*pos - base), n - (size_t)(*pos - base), pos, chunk);
     return pre == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : pre;
 }
 
@@ -1594,9 +1622,21 @@ typedef struct {
     int two;       /* the two-turn variant (at the longest length; a second question follows the first answer) */
 } PkPrompt;
 
+/* Tokens prompts a and b start with alike */
+static int common_prefix(const PkPrompt *a, const PkPrompt *b) {
+    size_t i = 0;
+    while (i < a->n && i < b->n && a->ids[i] == b->ids[i]) i++;
+    return (int)i;
+}
+
 /* Every policy asked one prompt, in the order of their shares of the prefill (passkey_share_plan; `pre` grows to
  * each share), each answer recorded (-o) and counted in ok/asked (cell li, di) or two_ok/two_asked. Returns 0 or
- * PK_STOPPED (the policy being asked is dropped). */
+ * PK_STOPPED (the policy being asked is dropped).
+ * With sharing (-prefix 1), what one prompt computed also serves the next (`next`, NULL for the last), which starts
+ * with the same tokens (the instruction and the filler before the earlier of the two key sentences): `pre` keeps
+ * those tokens (kv_cache_truncate drops the rest) and grows from there, and each policy whose own prefill goes
+ * further than its share of `pre` (eviction past its budget) saves its cache after them (ck, passkey_resumable) and
+ * resumes the next prompt there. */
 typedef struct {
     Model *m;
     const Options *o;
@@ -1604,42 +1644,73 @@ typedef struct {
     int n_pol, n_cells, chunk, max_new, share;
     int *from, *order, *ok, *asked, *two_ok, *two_asked;
     double *secs, pre_secs;
-    long shared_tokens, own_tokens;
+    long shared_tokens, own_tokens, resumed_tokens, pre_kept, pre_computed;
     OutFile *out;
     Line *ln;
     Provenance *pv;
+    KVCache *ck;            /* n_pol saved caches (made on first use: ck_made) */
+    int *ck_made, *ck_pos;  /* ck_pos[k]: tokens of this prompt ck[k] holds, 0: none */
+    int *from_next;         /* the next prompt's shares (passkey_share_plan) */
+    int pre_pos, pre_keep;  /* tokens `pre` holds, and how many of them this prompt starts with */
 } PkJob;
 
-static int passkey_prompt_all(PkJob *j, const PkPrompt *p) {
+static int passkey_prompt_all(PkJob *j, const PkPrompt *p, const PkPrompt *next) {
     char answer[512];
+    /* keep: the tokens this prompt shares with the next, in whole chunks, short of either prompt's last token (whose
+       logits are each policy's own answer) */
+    int keep = 0;
+    if (j->share && next) {
+        keep = common_prefix(p, next);
+        int last = (int)(p->n < next->n ? p->n : next->n) - 1;
+        keep = (keep < last ? keep : last) / j->chunk * j->chunk;
+        if (keep > 0) passkey_share_plan(j->runs, j->n_pol, j->share, next->n, j->chunk, j->from_next, j->order);
+    }
     passkey_share_plan(j->runs, j->n_pol, j->share, p->n, j->chunk, j->from, j->order);
-    int pre_pos = 0, rc = 0, *ids2 = NULL;   /* the two-turn variant's second question, encoded once for every policy */
+    int rc = 0, *ids2 = NULL;   /* the two-turn variant's second question, encoded once for every policy */
     size_t n2 = 0, cap2 = 0;
     if (p->two) encode_append(j->m, " What is the second pass key? The second pass key is", 0, &ids2, &n2, &cap2);
-    if (j->share) {
-        kv_cache_reset(&j->pre->cache);
+    if (j->share) {   /* `pre` keeps what the prompt before shared with this one */
+        char err[512];
+        if (j->pre_keep <= 0) kv_cache_reset(&j->pre->cache);
+        else if (j->pre_keep < j->pre_pos && kv_cache_truncate(&j->pre->cache, j->pre_keep, err, sizeof err))
+            fatal("-m passkey: keeping the shared prefill's first %d tokens: %s", j->pre_keep, err);
+        if (j->pre_keep < j->pre_pos) j->pre_pos = j->pre_keep;
+        j->pre_kept += j->pre_pos;
         kv_set_prompt_len(&j->pre->cache, (int)p->n);
+        j->pre_keep = keep;
     }
     for (int q = 0; q < j->n_pol; q++) {
         int k = j->order[q], from = j->from[k];
         PolicyRun *r = &j->runs[k];
-        if (from > pre_pos) {
+        /* resume from this policy's save of the prompt before where that goes further than its share of `pre`; save
+           for the next prompt where the tokens it shares go further than its share then (equal to what ck holds:
+           ck stays as it is) */
+        int resume = j->ck_pos[k] > from ? j->ck_pos[k] : 0;
+        int save = keep > resume && keep > j->from_next[k] && passkey_resumable(&r->cache) ? keep : 0;
+        j->ck_pos[k] = resume && keep == resume && keep > j->from_next[k] ? resume : 0;   /* passkey_ask sets a save */
+        if (from > j->pre_pos && !resume) {
             double t0 = now_s();
-            rc = prefill(j->m, j->pre, p->ids + pre_pos, (size_t)(from - pre_pos), &pre_pos, j->chunk);
+            int pos0 = j->pre_pos;
+            rc = prefill(j->m, j->pre, p->ids + j->pre_pos, (size_t)(from - j->pre_pos), &j->pre_pos, j->chunk);
             j->pre_secs += now_s() - t0;
+            j->pre_computed += j->pre_pos - pos0;
             if (rc == PK_STOPPED) break;
             if (rc) fatal("-m passkey: the shared prefill of %d tokens did not fit -c %d", from, j->pre->cache.shape.seq_len);
         }
         double t0 = now_s();
         int pos;
-        long got = passkey_ask(j->m, r, p->ids, p->n, 1, &j->pre->cache, from, &pos, j->chunk, j->max_new, answer,
-                               sizeof answer), second = PK_CACHE_FULL;
+        long got = passkey_ask(j->m, r, p->ids, p->n, 1, &j->pre->cache, from, &j->ck[k], &j->ck_made[k],
+                               &j->ck_pos[k], resume, save, &pos, j->chunk, j->max_new, answer, sizeof answer);
+        long second = PK_CACHE_FULL;
         if (p->two && got != PK_CACHE_FULL && got != PK_STOPPED)   /* the same cache, continued */
-            second = passkey_ask(j->m, r, ids2, n2, 0, NULL, 0, &pos, j->chunk, j->max_new, answer, sizeof answer);
+            second = passkey_ask(j->m, r, ids2, n2, 0, NULL, 0, NULL, NULL, NULL, 0, 0, &pos, j->chunk, j->max_new,
+                                 answer, sizeof answer);
         j->secs[k] += now_s() - t0;
         if (got == PK_STOPPED || second == PK_STOPPED) { rc = PK_STOPPED; break; }
-        j->shared_tokens += from;
-        j->own_tokens += (long)p->n - from;
+        int moved = resume ? 0 : from;
+        j->shared_tokens += moved;
+        j->resumed_tokens += resume;
+        j->own_tokens += (long)p->n - moved - resume;
         Line *ln = j->ln;
         if (!p->two) {
             j->ok[k * j->n_cells + p->li * MAX_PASSKEY_CELLS + p->di] += got == p->keys[0];
@@ -1738,8 +1809,11 @@ int run_passkey(Model *m, const Options *o) {
                  calloc((size_t)n_pol, sizeof(int)), calloc((size_t)n_pol, sizeof(int)),
                  calloc((size_t)n_pol * n_cells, sizeof(int)), calloc((size_t)n_pol * n_cells, sizeof(int)),
                  calloc((size_t)n_pol * 2, sizeof(int)), calloc((size_t)n_pol, sizeof(int)),
-                 calloc((size_t)n_pol, sizeof(double)), 0, 0, 0, &out, &ln, &pv};
-    if (!runs || !job.from || !job.order || !job.ok || !job.asked || !job.two_ok || !job.two_asked || !job.secs)
+                 calloc((size_t)n_pol, sizeof(double)), 0, 0, 0, 0, 0, 0, &out, &ln, &pv,
+                 calloc((size_t)n_pol, sizeof(KVCache)), calloc((size_t)n_pol, sizeof(int)),
+                 calloc((size_t)n_pol, sizeof(int)), calloc((size_t)n_pol, sizeof(int)), 0, 0};
+    if (!runs || !job.from || !job.order || !job.ok || !job.asked || !job.two_ok || !job.two_asked || !job.secs
+        || !job.ck || !job.ck_made || !job.ck_pos || !job.from_next)
         fatal("out of memory");
     for (int k = 0; k < n_pol; k++) {
         policy_run_init(&runs[k], m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
@@ -1750,13 +1824,17 @@ int run_passkey(Model *m, const Options *o) {
     for (int li = 0; li < n_lens; li++)
         if ((lens[li] - fixed) / per_junk >= 4) total_tokens += (long)lens[li] * n_depths * n_keys_per_cell * n_pol;
     if (o->passkey2) total_tokens += (long)longest * n_keys_per_cell * n_pol;
-    int stopped = 0;   /* SIGINT/SIGTERM: the question being asked is dropped, the records so far stay */
-    double t_job = now_s();
-    for (int li = 0; li < n_lens && !stopped; li++) {
+    /* the prompts, built first so that each knows the next (what it shares with it), in the order they are asked:
+       lengths, depths, keys as given; then two turns (unless -passkey2 0), at the longest length: first key at depth
+       0.25, second at 0.75; one cache */
+    PkPrompt *prompts = calloc((size_t)(n_lens * n_depths + 1) * n_keys_per_cell, sizeof *prompts);
+    int n_prompts = 0;
+    if (!prompts) fatal("out of memory");
+    for (int li = 0; li < n_lens; li++) {
         int n_junk = (lens[li] - fixed) / per_junk;
         if (n_junk < 4) continue;   /* the instruction, key and question alone fill it: no depth to vary */
-        for (int di = 0; di < n_depths && !stopped; di++)
-            for (int rep = 0; rep < n_keys_per_cell && !stopped; rep++) {
+        for (int di = 0; di < n_depths; di++)
+            for (int rep = 0; rep < n_keys_per_cell; rep++) {
                 PkPrompt p = {NULL, 0, lens[li], li, di, n_junk, 0, 0, depths[di], {0, 0}, 0};
                 p.keys[0] = 10000 + (int)(splitmix64(&rng) % 90000);
                 int i_pos = (int)(depths[di] * n_junk + 0.5);
@@ -1769,14 +1847,10 @@ int run_passkey(Model *m, const Options *o) {
                 size_t c2 = 0;
                 encode_append(m, text, m->tokenizer.add_bos, &p.ids, &p.n, &c2);
                 free(text);
-                stopped = passkey_prompt_all(&job, &p) == PK_STOPPED;
-                free(p.ids);
-                done_tokens += (long)lens[li] * n_pol;
-                progress(t_job, done_tokens, total_tokens, "passkey");
+                prompts[n_prompts++] = p;
             }
     }
-    /* two turns (unless -passkey2 0), at the longest length: first key at depth 0.25, second at 0.75; one cache */
-    for (int rep = 0; rep < n_keys_per_cell && o->passkey2 && !stopped; rep++) {
+    for (int rep = 0; rep < n_keys_per_cell && o->passkey2; rep++) {
         int n_junk = (longest - fixed - 40) / per_junk;
         if (n_junk < 2) n_junk = 2;
         PkPrompt p = {NULL, 0, longest, 0, 0, n_junk, 0, 0, 0, {0, 0}, 1};
@@ -1788,11 +1862,17 @@ int run_passkey(Model *m, const Options *o) {
         size_t c2 = 0;
         encode_append(m, text, m->tokenizer.add_bos, &p.ids, &p.n, &c2);
         free(text);
-        stopped = passkey_prompt_all(&job, &p) == PK_STOPPED;
-        free(p.ids);
-        done_tokens += (long)longest * n_pol;
+        prompts[n_prompts++] = p;
+    }
+    int stopped = 0;   /* SIGINT/SIGTERM: the question being asked is dropped, the records so far stay */
+    double t_job = now_s();
+    for (int i = 0; i < n_prompts && !stopped; i++) {
+        stopped = passkey_prompt_all(&job, &prompts[i], i + 1 < n_prompts ? &prompts[i + 1] : NULL) == PK_STOPPED;
+        done_tokens += (long)prompts[i].length * n_pol;
         progress(t_job, done_tokens, total_tokens, "passkey");
     }
+    for (int i = 0; i < n_prompts; i++) free(prompts[i].ids);
+    free(prompts);
     for (int k = 0; k < n_pol; k++) {
         PolicyRun *r = &runs[k];
         fprintf(stderr, "\n%s: accuracy (correct/keys) by length (rows) and depth (columns)\n%8s", r->cache.spec.text, "");
@@ -1827,14 +1907,18 @@ int run_passkey(Model *m, const Options *o) {
             tier_print(stderr, &r->cache, &x, cs);
         }
     }
-    if (share && job.shared_tokens)
-        fprintf(stderr, "passkey: %ld prompt tokens moved in from one shared full-cache prefill per prompt (%.1f s), %ld "
-                "prefilled by the policies themselves (-prefix 0: all of them)\n", job.shared_tokens, job.pre_secs,
-                job.own_tokens);
-    for (int k = 0; k < n_pol; k++) policy_run_free(&runs[k]);
+    if (share && (job.shared_tokens || job.resumed_tokens))
+        fprintf(stderr, "passkey: %ld prompt tokens moved in from one shared full-cache prefill per prompt (%.1f s; it "
+                "computed %ld tokens and kept %ld from the prompt before), %ld resumed from a policy's own cache saved "
+                "in the prompt before, %ld prefilled by the policies themselves (-prefix 0: all of them)\n",
+                job.shared_tokens, job.pre_secs, job.pre_computed, job.pre_kept, job.resumed_tokens, job.own_tokens);
+    for (int k = 0; k < n_pol; k++) {
+        policy_run_free(&runs[k]);
+        if (job.ck_made[k]) kv_cache_free(&job.ck[k]);
+    }
     if (share) policy_run_free(&pre);
     free(runs); free(job.from); free(job.order); free(job.ok); free(job.asked); free(job.two_ok); free(job.two_asked);
-    free(job.secs);
+    free(job.secs); free(job.ck); free(job.ck_made); free(job.ck_pos); free(job.from_next);
     if (stopped) fprintf(stderr, "passkey: stopped by %s: the question being asked was dropped; every answer above "
                          "is recorded\n", run_signal_name(run_signal));
     line_free(&ln);

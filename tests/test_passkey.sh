@@ -120,7 +120,8 @@ print(("PASS " if cells0 == [(200, 0.25)] * 2 and not two0 else "FAIL ") +
 PY
 # the shared prefill (-prefix 1, the default): the policies that only store over a prompt's first tokens start from
 # one full-cache prefill of them; every record (answer, answer_text, positions, the two-turn answers) must equal
-# -prefix 0's, where each policy prefills alone, at -chunk 64 and 7 (-chunk 1: h2o left out, token by token is slow)
+# -prefix 0's, where each policy prefills alone, at -chunk 64 and 7 (-chunk 1: h2o left out, token by token is slow);
+# the prompts after the first reuse what the one before computed of the tokens they share
 PKP=(-kv full -kv window:48 -kv sink:48 -kv topk:16,prompt=dense -kv quest:32,prompt=dense -kv snapkv:64 -kv h2o:48)
 for cfg in 64:0 64:1 7:1 1:1; do
     ch=${cfg%:*} pf=${cfg#*:} pols=("${PKP[@]}")
@@ -147,10 +148,15 @@ for name in ("64.1", "7.1", "1.1"):
     err = open(f"{d}/pf_{name}.err").read()
     m = re.search(r"passkey: (\d+) prompt tokens moved in from one shared full-cache prefill per prompt", err)
     moved = int(m.group(1)) if m else 0
+    # what a prompt computed serves the next, which starts with the same tokens: the shared prefill keeps them, and
+    # the eviction policies (window, sink, h2o) resume from their own cache saved there
+    m = re.search(r"kept (\d+) from the prompt before\), (\d+) resumed from a policy's own cache", err)
+    kept, resumed = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     kvs = sorted({json.loads(r)["kv"] for r in got})
-    print(("PASS " if got == want and len(got) >= 30 and moved > 0 else "FAIL ") +
+    print(("PASS " if got == want and len(got) >= 30 and moved > 0 and kept > 0 and resumed > 0 else "FAIL ") +
           f"-prefix 1 -chunk {name.split('.')[0]}: {len(got)} records of {len(kvs)} policies, every one equal to -prefix 0's "
-          f"(own prefill, -chunk 64): {got == want}; {moved} prompt tokens moved in from the shared prefill")
+          f"(own prefill, -chunk 64): {got == want}; {moved} prompt tokens moved in from the shared prefill, which kept "
+          f"{kept} from the prompt before; {resumed} resumed from a policy's own saved cache")
 PY
 expect_error() {   # NAME PATTERN ARGS...: exit 1, one stderr line (after the CPU note) matching PATTERN
     local name=$1 pat=$2; shift 2

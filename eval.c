@@ -1532,11 +1532,32 @@ int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chun
     return 0;
 }
 
+int share_from(const KVCache *c, size_t n, int chunk) {
+    int f = kv_full_prefix(c), last = (int)n - 1;
+    return (f < last ? f : last) / chunk * chunk;
+}
+
+void share_order(const int *from, int k, int *order) {
+    int j = k;
+    for (; j > 0 && from[order[j - 1]] > from[k]; j--) order[j] = order[j - 1];
+    order[j] = k;
+}
+
+void share_move_in(KVCache *dst, const KVCache *shared, int from, const char *what) {
+    KVCache tmp;
+    char err[512];
+    if (kv_cache_clone(&tmp, shared, err, sizeof err) || kv_cache_truncate(&tmp, from, err, sizeof err)
+        || kv_cache_transfer(dst, &tmp, from, err, sizeof err))
+        fatal("%s: moving the shared prefill into '%s': %s", what, dst->spec.text, err);
+    kv_cache_free(&tmp);
+}
+
 /* 1 when policy r's cache may be saved part way through a prompt and resumed by the next prompt, which starts with
  * the same tokens (kv_cache_clone/kv_cache_restore): its state before the prompt's end depends on those tokens
  * alone (not a prompt-end policy: snapkv gathers the prompt's last queries, whose positions the prompt's length sets),
  * and nothing outside the cache follows its steps (an event observer for -kvlog, memory tiers, whose modelled
- * traffic counts every step; pages of a pool and a device mirror cannot be cloned). */
+ * traffic counts every step; pages of a pool and a device mirror cannot be cloned). A resumed cache's counters
+ * (evictions, bytes read, peaks) are those of its saved state: -m passkey reports none of them. */
 static int passkey_resumable(const KVCache *c) {
     return !c->policy.ops->prompt_end && !c->on_event && !c->on_slot && !c->tiers && !c->pool && !c->device;
 }
@@ -1568,11 +1589,7 @@ static long passkey_ask(Model *m, PolicyRun *r, const int *ids, size_t n, int fr
     for (size_t i = 0; i < n; i++) ids_push(&r->asked, ids[i]);
     answer[0] = 0;
     if (from > 0 && resume <= 0) {
-        KVCache tmp;
-        if (kv_cache_clone(&tmp, shared, err, sizeof err) || kv_cache_truncate(&tmp, from, err, sizeof err)
-            || kv_cache_transfer(&r->cache, &tmp, from, err, sizeof err))
-            fatal("-m passkey: moving the shared prefill into '%s': %s", r->cache.spec.text, err);
-        kv_cache_free(&tmp);
+        share_move_in(&r->cache, shared, from, "-m passkey");
         *pos = from;
     }
     if (save > *pos) {
@@ -1597,12 +1614,9 @@ static void passkey_share_plan(PolicyRun *runs, int n_pol, int share, size_t n, 
         if (share) {
             kv_cache_reset(&runs[k].cache);
             kv_set_prompt_len(&runs[k].cache, (int)n);
-            int f = kv_full_prefix(&runs[k].cache);
-            from[k] = (f < (int)n - 1 ? f : (int)n - 1) / chunk * chunk;
+            from[k] = share_from(&runs[k].cache, n, chunk);
         }
-        int j = k;
-        for (; j > 0 && from[order[j - 1]] > from[k]; j--) order[j] = order[j - 1];
-        order[j] = k;
+        share_order(from, k, order);
     }
 }
 

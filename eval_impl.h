@@ -92,6 +92,19 @@ void encode_append(const Model *m, const char *text, int add_bos, int **ids, siz
 /* Prefill ids[0..n) from position *pos, `chunk` tokens at a time (forward_prefill); *pos advances. 0, PK_CACHE_FULL,
  * or PK_STOPPED when SIGINT/SIGTERM came between two chunks. */
 int prefill(Model *m, PolicyRun *r, const int *ids, size_t n, int *pos, int chunk);
+/* The shared prefill (-m task, -m passkey with -prefix 1): policy caches that only store over a prompt's first tokens
+ * start from one `full,type=f32` prefill of them, which is bit for bit their own (kv_full_prefix).
+ * share_from: the tokens of an n-token prompt cache c (started for the prompt: reset, its prompt length told) may
+ * take from the shared prefill: kv_full_prefix, short of the last token (whose logits are the policy's own answer),
+ * rounded down to a whole chunk so that the policy's own chunks are those it would prefill alone (the bits do not
+ * depend on chunking, but a peak of live bytes measured while a chunk passes through a compression does).
+ * share_order: policy k into order[0..k], ordered by from[] (ties in index order), so the shared cache only grows
+ * as the policies are asked in that order.
+ * share_move_in: shared's first `from` tokens moved into dst, just started (a clone of shared, truncated to them,
+ * kv_cache_transfer); what: the mode, for the error, which exits. */
+int share_from(const KVCache *c, size_t n, int chunk);
+void share_order(const int *from, int k, int *order);
+void share_move_in(KVCache *dst, const KVCache *shared, int from, const char *what);
 /* The greedy answer after a prefilled prompt: up to max_new tokens, ending before an end-of-generation token or
  * `stop` (an id, or -1); its text, NUL-terminated, in buf (cut at cap - 1 bytes). Every generated token is fed (and
  * pushed on r->asked) so the cache can continue. 0, PK_CACHE_FULL when the cache filled up, PK_STOPPED on

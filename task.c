@@ -503,16 +503,13 @@ static void item_cache_start(KVCache *c, const ItemRun *ir) {
  * `full,type=f32` cache that holds them (from <= kv_full_prefix of the policy's cache, so that is bit for bit what
  * the policy's own prefill of them leaves), or none (from 0). 0 or PK_STOPPED (nothing recorded then). */
 static int ask_one(ItemRun *ir, const KVCache *shared, int from) {
-    char answer[2048], err[512];
+    char answer[2048];
     PolicyRun *r = ir->r;
     item_cache_start(&r->cache, ir);
     r->asked.n = 0;
     int pos = 0;
     if (from > 0) {
-        KVCache tmp;
-        if (kv_cache_clone(&tmp, shared, err, sizeof err) || kv_cache_transfer(&r->cache, &tmp, from, err, sizeof err))
-            fatal("-m task: moving the shared prefill into '%s': %s", r->cache.spec.text, err);
-        kv_cache_free(&tmp);
+        share_move_in(&r->cache, shared, from, "-m task");
         for (int i = 0; i < from; i++) ids_push(&r->asked, ir->p->ids[i]);
         pos = from;
     }
@@ -744,21 +741,15 @@ int run_task(Model *m, const Options *o) {
                               item_seed, it.n_needles ? prompt_tokens_before(m, &p, it.needle_at[0]) : -1,
                               prompt_tokens_before(m, &p, it.question_at), stop, chunk, max_new, &job.out, &ln, &job.pv,
                               NULL, NULL, NULL};
-                /* each policy's share of the prefill, the policies in increasing order of it, so the shared cache
-                   only grows. The last prompt token is always the policy's own (its logits answer), and the share
-                   ends on a chunk boundary, so the policy's own chunks are the ones it would prefill alone: the bits
-                   do not depend on chunking, but a peak of live bytes measured while a chunk goes layer by layer
-                   through a compression (snapkv) does */
+                /* each policy's share of the prefill (share_from), the policies in increasing order of it, so the
+                   shared cache only grows */
                 for (int k = 0; k < n_pol; k++) {
                     from[k] = 0;
                     if (share) {
                         item_cache_start(&runs[k].cache, &ir);
-                        int n = kv_full_prefix(&runs[k].cache);
-                        from[k] = (n < (int)p.n - 1 ? n : (int)p.n - 1) / chunk * chunk;
+                        from[k] = share_from(&runs[k].cache, p.n, chunk);
                     }
-                    int j = k;
-                    for (; j > 0 && from[order[j - 1]] > from[k]; j--) order[j] = order[j - 1];
-                    order[j] = k;
+                    share_order(from, k, order);
                 }
                 int pre_pos = 0;
                 if (share) item_cache_start(&pre.cache, &ir);

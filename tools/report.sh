@@ -4,7 +4,8 @@
 #
 #   make report                       the full grid (REPORT_TOKENS=8192 tokens; on a 2-core Xeon, 2026-12-07: main
 #                                     11m37s, quant 8m46s, pos 4m52s, passkey 2m58s, select 2m12s, tiers 1m19s,
-#                                     passkey_sel 16m23s, compress 27m50s (its merge=1 specs go token by token): about
+#                                     passkey_sel 16m23s (13m20s run alone since a prompt reuses what the one
+#                                     before computed), compress 27m50s (its merge=1 specs go token by token): about
 #                                     76 minutes; the estimate printed first says what this machine expects, and
 #                                     underestimates compress), written to build/report/: the committed report/
 #                                     changes only with REPORT_OUT=report

@@ -1921,7 +1921,7 @@ int run_passkey(Model *m, const Options *o) {
             tier_print(stderr, &r->cache, &x, cs);
         }
     }
-    if (share && (job.shared_tokens || job.resumed_tokens))
+    if (share)   /* with -prefix 1 always, so a run that shared nothing says so */
         fprintf(stderr, "passkey: %ld prompt tokens moved in from one shared full-cache prefill per prompt (%.1f s; it "
                 "computed %ld tokens and kept %ld from the prompt before), %ld resumed from a policy's own cache saved "
                 "in the prompt before, %ld prefilled by the policies themselves (-prefix 0: all of them)\n",

@@ -817,7 +817,7 @@ int run_task(Model *m, const Options *o) {
                 task_name(kind), n ? sum / n : 0, ex, n, r->peak.peak_live / 1048576.0, secs[k],
                 stopped ? " (stopped early)" : "");
     }
-    if (share && shared_tokens)
+    if (share)   /* with -prefix 1 always, so a run that shared nothing says so */
         fprintf(stderr, "task: %ld prompt tokens moved in from one shared full-cache prefill per item (%.1f s), %ld "
                 "prefilled by the policies themselves (-prefix 0: all of them)\n", shared_tokens, pre_secs, own_tokens);
     for (int k = 0; k < n_pol; k++) policy_run_free(&runs[k]);

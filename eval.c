@@ -1562,26 +1562,32 @@ static int passkey_resumable(const KVCache *c) {
     return !c->policy.ops->prompt_end && !c->on_event && !c->on_slot && !c->tiers && !c->pool && !c->device;
 }
 
+/* A policy's cache saved part way through a prompt for the next prompt to resume from (passkey_resumable) */
+typedef struct {
+    KVCache cache;   /* made on first use (made) */
+    int made;
+    int pos;         /* tokens of the prompt about to be asked that cache holds; 0: none */
+} PkSaved;
+
 /* Ask policy r one question: ids[0..n) prefilled from *pos, then answered greedily. fresh: a new document (the cache
  * reset, the prompt's length told to the policy, *pos = 0), whose first `from` tokens are moved in from `shared`, a
  * `full,type=f32` cache that holds them (from <= kv_full_prefix of r's cache and a whole number of chunks: bit for
- * bit what r's own prefill of them leaves; tests/test_passkey.sh compares with -prefix 0); from 0: none. With `ck`
- * (passkey_resumable): resume > 0 starts instead from ck, r's own cache saved after the first `resume` tokens of the
- * prompt before, which these ids start with; save > 0 saves r's cache into ck (made on first use, *ck_made) after
- * the first `save` tokens, for the next prompt, and sets *ck_pos = save once it has. resume and save are whole
- * chunks, so the policy's own chunks are those it would prefill alone, and the saved state is the one a fresh
- * prefill of those tokens reaches (the state of a passkey_resumable policy before the prompt's end is the tokens'
- * alone). Returns the
- * answer's first integer, or PK_*. */
+ * bit what r's own prefill of them leaves; tests/test_passkey.sh compares with -prefix 0); from 0: none. With `sv`
+ * (passkey_resumable): resume > 0 starts instead from sv's cache, r's own saved after the first `resume` tokens of
+ * the prompt before, which these ids start with; save > 0 saves r's cache into sv after the first `save` tokens,
+ * for the next prompt, and sets sv->pos = save once it has. resume and save are whole chunks, so the policy's own
+ * chunks are those it would prefill alone, and the saved state is the one a fresh prefill of those tokens reaches
+ * (the state of a passkey_resumable policy before the prompt's end is the tokens' alone). Returns the answer's
+ * first integer, or PK_*. */
 static long passkey_ask(Model *m, PolicyRun *r, const int *ids, size_t n, int fresh, const KVCache *shared, int from,
-                        KVCache *ck, int *ck_made, int *ck_pos, int resume, int save, int *pos, int chunk,
-                        int max_new, char *answer, size_t cap) {
+                        PkSaved *sv, int resume, int save, int *pos, int chunk, int max_new, char *answer,
+                        size_t cap) {
     char err[512];
     int base = fresh ? 0 : *pos;   /* the position of ids[0] */
     if (fresh) {
-        if (resume > 0 && kv_cache_restore(&r->cache, ck, err, sizeof err))
-            fatal("-m passkey: resuming '%s' from the prompt before: %s", r->cache.spec.text, err);
         if (resume <= 0) kv_cache_reset(&r->cache);
+        else if (kv_cache_restore(&r->cache, &sv->cache, err, sizeof err))
+            fatal("-m passkey: resuming '%s' from the prompt before: %s", r->cache.spec.text, err);
         kv_set_prompt_len(&r->cache, (int)n);
         *pos = resume > 0 ? resume : 0;
         r->asked.n = 0;   /* for -kvlog: the token at each position */
@@ -1593,12 +1599,13 @@ static long passkey_ask(Model *m, PolicyRun *r, const int *ids, size_t n, int fr
         *pos = from;
     }
     if (save > *pos) {
-        int pre = prefill(m, r, ids + *pos, (size_t)(save - *pos), pos, chunk);   /* fresh: base 0 */
+        int pre = prefill(m, r, ids + (*pos - base), (size_t)(save - *pos), pos, chunk);
         if (pre) return pre;
-        if (*ck_made ? kv_cache_restore(ck, &r->cache, err, sizeof err) : kv_cache_clone(ck, &r->cache, err, sizeof err))
+        if (sv->made ? kv_cache_restore(&sv->cache, &r->cache, err, sizeof err)
+                     : kv_cache_clone(&sv->cache, &r->cache, err, sizeof err))
             fatal("-m passkey: saving '%s' for the next prompt: %s", r->cache.spec.text, err);
-        *ck_made = 1;
-        *ck_pos = save;
+        sv->made = 1;
+        sv->pos = save;
     }
     int pre = prefill(m, r, ids + (*pos - base), n - (size_t)(*pos - base), pos, chunk);
     return pre == 0 ? passkey_answer(m, r, pos, max_new, answer, cap) : pre;
@@ -1649,7 +1656,7 @@ static int common_prefix(const PkPrompt *a, const PkPrompt *b) {
  * With sharing (-prefix 1), what one prompt computed also serves the next (`next`, NULL for the last), which starts
  * with the same tokens (the instruction and the filler before the earlier of the two key sentences): `pre` keeps
  * those tokens (kv_cache_truncate drops the rest) and grows from there, and each policy whose own prefill goes
- * further than its share of `pre` (eviction past its budget) saves its cache after them (ck, passkey_resumable) and
+ * further than its share of `pre` (eviction past its budget) saves its cache after them (saved, passkey_resumable) and
  * resumes the next prompt there. */
 typedef struct {
     Model *m;
@@ -1662,8 +1669,7 @@ typedef struct {
     OutFile *out;
     Line *ln;
     Provenance *pv;
-    KVCache *ck;            /* n_pol saved caches (made on first use: ck_made) */
-    int *ck_made, *ck_pos;  /* ck_pos[k]: tokens of this prompt ck[k] holds, 0: none */
+    PkSaved *saved;         /* one per policy */
     int *from_next;         /* the next prompt's shares (passkey_share_plan) */
     int pre_pos, pre_keep;  /* tokens `pre` holds, and how many of them this prompt starts with */
 } PkJob;
@@ -1697,11 +1703,12 @@ static int passkey_prompt_all(PkJob *j, const PkPrompt *p, const PkPrompt *next)
         int k = j->order[q], from = j->from[k];
         PolicyRun *r = &j->runs[k];
         /* resume from this policy's save of the prompt before where that goes further than its share of `pre`; save
-           for the next prompt where the tokens it shares go further than its share then (equal to what ck holds:
-           ck stays as it is) */
-        int resume = j->ck_pos[k] > from ? j->ck_pos[k] : 0;
+           for the next prompt where the tokens it shares go further than its share then (equal to what the save
+           holds: it stays as it is) */
+        PkSaved *sv = &j->saved[k];
+        int resume = sv->pos > from ? sv->pos : 0;
         int save = keep > resume && keep > j->from_next[k] && passkey_resumable(&r->cache) ? keep : 0;
-        j->ck_pos[k] = resume && keep == resume && keep > j->from_next[k] ? resume : 0;   /* passkey_ask sets a save */
+        sv->pos = resume && keep == resume && keep > j->from_next[k] ? resume : 0;   /* passkey_ask sets a save */
         if (from > j->pre_pos && !resume) {
             double t0 = now_s();
             int pos0 = j->pre_pos;
@@ -1713,12 +1720,12 @@ static int passkey_prompt_all(PkJob *j, const PkPrompt *p, const PkPrompt *next)
         }
         double t0 = now_s();
         int pos;
-        long got = passkey_ask(j->m, r, p->ids, p->n, 1, &j->pre->cache, from, &j->ck[k], &j->ck_made[k],
-                               &j->ck_pos[k], resume, save, &pos, j->chunk, j->max_new, answer, sizeof answer);
+        long got = passkey_ask(j->m, r, p->ids, p->n, 1, &j->pre->cache, from, sv, resume, save, &pos, j->chunk,
+                               j->max_new, answer, sizeof answer);
         long second = PK_CACHE_FULL;
         if (p->two && got != PK_CACHE_FULL && got != PK_STOPPED)   /* the same cache, continued */
-            second = passkey_ask(j->m, r, ids2, n2, 0, NULL, 0, NULL, NULL, NULL, 0, 0, &pos, j->chunk, j->max_new,
-                                 answer, sizeof answer);
+            second = passkey_ask(j->m, r, ids2, n2, 0, NULL, 0, NULL, 0, 0, &pos, j->chunk, j->max_new, answer,
+                                 sizeof answer);
         j->secs[k] += now_s() - t0;
         if (got == PK_STOPPED || second == PK_STOPPED) { rc = PK_STOPPED; break; }
         int moved = resume ? 0 : from;
@@ -1824,10 +1831,9 @@ int run_passkey(Model *m, const Options *o) {
                  calloc((size_t)n_pol * n_cells, sizeof(int)), calloc((size_t)n_pol * n_cells, sizeof(int)),
                  calloc((size_t)n_pol * 2, sizeof(int)), calloc((size_t)n_pol, sizeof(int)),
                  calloc((size_t)n_pol, sizeof(double)), 0, 0, 0, 0, 0, 0, &out, &ln, &pv,
-                 calloc((size_t)n_pol, sizeof(KVCache)), calloc((size_t)n_pol, sizeof(int)),
-                 calloc((size_t)n_pol, sizeof(int)), calloc((size_t)n_pol, sizeof(int)), 0, 0};
+                 calloc((size_t)n_pol, sizeof(PkSaved)), calloc((size_t)n_pol, sizeof(int)), 0, 0};
     if (!runs || !job.from || !job.order || !job.ok || !job.asked || !job.two_ok || !job.two_asked || !job.secs
-        || !job.ck || !job.ck_made || !job.ck_pos || !job.from_next)
+        || !job.saved || !job.from_next)
         fatal("out of memory");
     for (int k = 0; k < n_pol; k++) {
         policy_run_init(&runs[k], m, o, o->n_kv ? o->kv[k] : "full", ctx, 0, chunk, o->n_kv ? o->kv_caps[k] : NULL);
@@ -1928,11 +1934,11 @@ int run_passkey(Model *m, const Options *o) {
                 job.shared_tokens, job.pre_secs, job.pre_computed, job.pre_kept, job.resumed_tokens, job.own_tokens);
     for (int k = 0; k < n_pol; k++) {
         policy_run_free(&runs[k]);
-        if (job.ck_made[k]) kv_cache_free(&job.ck[k]);
+        if (job.saved[k].made) kv_cache_free(&job.saved[k].cache);
     }
     if (share) policy_run_free(&pre);
     free(runs); free(job.from); free(job.order); free(job.ok); free(job.asked); free(job.two_ok); free(job.two_asked);
-    free(job.secs); free(job.ck); free(job.ck_made); free(job.ck_pos); free(job.from_next);
+    free(job.secs); free(job.saved); free(job.from_next);
     if (stopped) fprintf(stderr, "passkey: stopped by %s: the question being asked was dropped; every answer above "
                          "is recorded\n", run_signal_name(run_signal));
     line_free(&ln);

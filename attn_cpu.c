@@ -281,6 +281,13 @@ static inline __attribute__((always_inline)) void wsum_stored_body(float *const 
                 const float *x = (const float *)(const void *)vb[i] + d0;
                 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16), v2 = _mm512_loadu_ps(x + 32);
                 v3 = _mm512_loadu_ps(x + 48);
+            } else if (vt[i] == KV_Q8 && Gc == 32) {   /* as below, each of the row's two groups' scales read once */
+                const uint8_t *u = vb[i] + (size_t)(d0 / 32) * 34;
+                __m512 s0 = _mm512_set1_ps(kv_f16_scale(u)), s1 = _mm512_set1_ps(kv_f16_scale(u + 34));
+#define Q8_COLS16(b) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b))))
+                v0 = _mm512_mul_ps(s0, Q8_COLS16(u + 2)), v1 = _mm512_mul_ps(s0, Q8_COLS16(u + 18));
+                v2 = _mm512_mul_ps(s1, Q8_COLS16(u + 36)), v3 = _mm512_mul_ps(s1, Q8_COLS16(u + 52));
+#undef Q8_COLS16
             } else if (vt[i] == KV_Q8 && Gc % 16 == 0) {   /* decoded in registers, kv_decode's bits (key16) */
                 int c = d0 / 16;
                 v0 = key16(vb[i], c, KV_Q8, Gc), v1 = key16(vb[i], c + 1, KV_Q8, Gc);

@@ -45,7 +45,8 @@ int main(int argc, char **argv) {
                                   "scissorhands:45,drop=12,ktype=q8", "full,prec=f32:12/q8:20/q4",
                                   "full,kprec=f32:20/q4,vprec=f16:6/q8", "full,rank=4,type=q8,calib=111",
                                   "full,krank=6,calib=70,pos=cache", "full,type=q4,kgroup=channel,kgsize=12",
-                                  "h2o:40,ktype=q4,vtype=q8,kgroup=channel,kgsize=8,residual=8", "topk:24"};
+                                  "h2o:40,ktype=q4,vtype=q8,kgroup=channel,kgsize=8,residual=8", "topk:24",
+                                  "full,type=q2,kgroup=channel,kgsize=10", "sink:45,type=q8,kgroup=channel,kgsize=16"};
     static const int chunks[] = {5, 64, 1, 17, 2, 40};
     uint64_t rng = 7;
     for (size_t a = 0; a < sizeof shapes / sizeof shapes[0]; a++)

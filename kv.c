@@ -1682,15 +1682,45 @@ const float *kv_chan_key(const KVCache *c, const KVLane *ln, int b, int slot, fl
     return x;
 }
 
-/* Row r's codes of x (head_dim) against its group's scales and minimums (kv_code: rounded, clamped to the codes). */
+/* Row r's codes of x (head_dim) against its group's scales and minimums (kv_code: rounded, clamped to the codes).
+ * With AVX-512 16 channels at a time, kv_code's bits: (x - m) / d (one subtraction, one division), rounded half away
+ * from zero as trunc(v) + sign(v) where |v - trunc(v)| >= 1/2 (exact: roundf), 0 where d is not > 0 or v is NaN,
+ * clamped to [0, qmax]; then packed as kv_chan_code reads them. */
 static void chan_encode_row(const KVCache *c, const KVLane *ln, int b, int r, const float *x) {
     int hd = c->shape.head_dim, bits = kv_type_bits(c->band_ktype[b]), qmax = (1 << bits) - 1, per = 8 / bits;
     uint8_t *q = chan_codes(c, ln, b, r);
     const uint8_t *h = chan_hdr(c, ln, b, r / c->kgroup);
+    memset(q, 0, c->band_kb[b]);
+#ifdef __AVX512F__
+    if (hd % 16 == 0) {
+        const __m512 zero = _mm512_setzero_ps(), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f),
+                     top = _mm512_set1_ps((float)qmax);
+        for (int e = 0; e < hd; e += 16) {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(h + 2 * e)));
+            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(h + 2 * hd + 2 * e)));
+            __m512 v = _mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(x + e), m), d);
+            __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+            __m512 rv = _mm512_mask_add_ps(t, up, t, _mm512_or_ps(one, _mm512_and_ps(v, _mm512_set1_ps(-0.0f))));
+            rv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ), rv);   /* d > 0, else 0 */
+            rv = _mm512_min_ps(top, _mm512_max_ps(rv, zero));   /* max_ps(NaN, 0) is 0, as fmaxf */
+            __m128i c8 = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(rv));   /* code e + i in byte i */
+            if (bits == 8) _mm_storeu_si128((__m128i *)(void *)(q + e), c8);
+            else if (bits == 4)   /* byte i: codes 2i + 16·(2i + 1) */
+                _mm_storel_epi64((__m128i *)(void *)(q + e / 2),
+                                 _mm_packus_epi16(_mm_maddubs_epi16(c8, _mm_set1_epi16(0x1001)), _mm_setzero_si128()));
+            else {   /* byte i: codes 4i + 4·(4i + 1) + 16·(4i + 2) + 64·(4i + 3) */
+                __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c8, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
+                int32_t four = _mm_cvtsi128_si32(_mm_cvtepi32_epi8(w));
+                memcpy(q + e / 4, &four, 4);
+            }
+        }
+        return;
+    }
+#endif
     float d[hd], m[hd];
     kv_decode(d, KV_F16, h, hd);
     kv_decode(m, KV_F16, h + 2 * hd, hd);
-    memset(q, 0, c->band_kb[b]);
     for (int e = 0; e < hd; e++) q[e / per] |= (uint8_t)(kv_code(x[e], m[e], d[e], qmax) << (bits * (e % per)));
 }
 

@@ -347,11 +347,18 @@ void eval_cover_event(void *ctx, const KVEvent *ev) {
     if (cv->fn) cv->fn(cv->fn_ctx, ev);
 }
 
-double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p) {
+void eval_cover_masses(const EvalCover *cv, int lane, const int *pos, int n, const float *p, size_t stride, int k,
+                       double *out) {
     const int32_t *next = cv->next + (size_t)lane * cv->ctx;
-    double r = 0;
+    double r[EVAL_COVER_K] = {0};
     for (int i = 0; i < n; i++)
-        for (int x = pos[i]; x >= 0 && x < cv->ctx; x = next[x]) r += p[x];
+        for (int x = pos[i]; x >= 0 && x < cv->ctx; x = next[x])
+            for (int j = 0; j < k; j++) r[j] += p[(size_t)j * stride + x];
+    for (int j = 0; j < k; j++) out[j] = r[j];
+}
+double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p) {
+    double r;
+    eval_cover_masses(cv, lane, pos, n, p, 0, 1, &r);
     return r;
 }
 
@@ -370,8 +377,13 @@ static void recall_hook(void *ctx, int l, const KVCache *c, int pos) {
             double r = 0;
             if (hc->r->cover.next) {   /* merge=1: every position each live slot covers (EvalCover) */
                 int n = kv_lane_positions(c, l, g, e->spans, c->budget);
-                for (int hh = 0; hh < group; hh++)
-                    r += eval_cover_mass(&hc->r->cover, l * G + g, e->spans, n, sp + (size_t)(g * group + hh) * e->ctx);
+                for (int h0 = 0; h0 < group; h0 += EVAL_COVER_K) {   /* the group's heads in one walk of the lists */
+                    int k = group - h0 < EVAL_COVER_K ? group - h0 : EVAL_COVER_K;
+                    double m[EVAL_COVER_K];
+                    eval_cover_masses(&hc->r->cover, l * G + g, e->spans, n, sp + (size_t)(g * group + h0) * e->ctx,
+                                      (size_t)e->ctx, k, m);
+                    for (int j = 0; j < k; j++) r += m[j];
+                }
             } else {   /* what the query read, as position ranges (kv_lane_read) */
                 int n = kv_lane_read(c, l, g, e->spans, c->budget);
                 for (int hh = 0; hh < group; hh++) {

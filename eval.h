@@ -64,7 +64,10 @@ int *eval_calib(Model *m, const Options *o, int k);
  * eval_cover_event: a KVEventFn (kv.h) that applies a cache's merge-on-evict events to the EvalCover ctx, then calls
  * the observer the cache had before (fn, fn_ctx; e.g. -kvlog's writer) with every event.
  * eval_cover_mass: Σ p[x] over every position x covered by the n live slots at positions pos[0..n) of lane `lane`
- * (kv_lane_positions), p (ctx) one distribution over positions; the sum in the order of pos, each list in its order. */
+ * (kv_lane_positions), p (ctx) one distribution over positions; the sum in the order of pos, each list in its order.
+ * eval_cover_masses: the same for k <= EVAL_COVER_K distributions p + j·stride (j < k) in one walk of the lists (the
+ * walk, a chain of dependent loads, was most of the cost), out[j] the bits eval_cover_mass gives for each. */
+#define EVAL_COVER_K 4
 typedef struct {
     int n_kv_heads, n_lanes, ctx;
     int32_t *next, *tail;   /* (n_lanes, ctx) */
@@ -77,6 +80,8 @@ void eval_cover_reset(EvalCover *cv);
 void eval_cover_merge(EvalCover *cv, int lane, int v, int u);
 void eval_cover_event(void *ctx, const KVEvent *ev);
 double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p);
+void eval_cover_masses(const EvalCover *cv, int lane, const int *pos, int n, const float *p, size_t stride, int k,
+                       double *out);
 /* SHA-256 (FIPS 180-4) of data as 64 hex digits and a NUL in hex. */
 void sha256_hex(const void *data, size_t len, char *hex);
 

@@ -479,8 +479,7 @@ static inline __m256d exp_neg_d4(__m256d x) {
 /* log-softmax pieces of a logit vector: max and log Σ exp(x - max), in double; the sum in four partial sums
  * (i ≡ k mod 4 below 4·⌊n/4⌋), folded as (s0 + s1) + (s2 + s3), plus the tail, with or without AVX2. */
 double eval_logsumexp(const float *x, int n) {
-    float mx = x[0];
-    for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
+    float mx = scan_max(x, n);
     double s[4] = {0, 0, 0, 0}, tail = 0;
     int i = 0;
 #ifdef __AVX2__

@@ -269,10 +269,36 @@ int forward_prefill(Model *m, RunState *s, KVCache *cache, const int *ids, size_
 
 static float rand_f32(uint64_t *state) { return (splitmix64(state) >> 40) * (1.0f / 16777216.0f); }  /* [0,1) */
 
+float scan_max(const float *x, int n) {
+    float mx = x[0];
+    int i = 1;
+#ifdef __AVX512F__
+    /* 16 lanes, each x[0] then the rule over its own elements (maxps(a, b) is a > b ? a : b), then the lanes by the
+       rule: the same maximum (a NaN is skipped either way; only which zero, +0 or -0, could differ) */
+    __m512 mv = _mm512_set1_ps(x[0]);
+    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(_mm512_loadu_ps(x + i), mv);
+    float lane[16];
+    _mm512_storeu_ps(lane, mv);
+    for (int k = 0; k < 16; k++) mx = lane[k] > mx ? lane[k] : mx;
+#endif
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
 int sample_argmax(const float *logits, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
-    return best;
+    float mx = scan_max(logits, n);
+    if (mx != mx) return 0;   /* logits[0] is NaN: nothing is greater */
+    int i = 0;
+#ifdef __AVX512F__
+    __m512 mv = _mm512_set1_ps(mx);
+    for (; i + 16 <= n; i += 16) {
+        __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(logits + i), mv, _CMP_EQ_OQ);
+        if (eq) return i + __builtin_ctz(eq);
+    }
+#endif
+    for (; i < n; i++)
+        if (logits[i] == mx) return i;
+    return 0;
 }
 
 typedef struct { float p; int i; } ProbIndex;

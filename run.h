@@ -100,6 +100,9 @@ void sampler_free(Sampler *sp);
  * sampled within the top-p nucleus (Holtzman et al. 2019) with the sampler's splitmix64 stream. */
 int sample(Sampler *sp, float *logits);
 int sample_argmax(const float *logits, int n);   /* the first index of the largest logit */
+/* The largest of x[0..n), n >= 1, as the loop mx = x[0]; mx = x[i] > mx ? x[i] : mx computes it (NaNs skipped, but
+ * x[0] NaN gives NaN; AVX-512 in 16 lanes, the same value). */
+float scan_max(const float *x, int n);
 
 /* -kvlog (every mode that runs a cache): one JSON line per event of cache c ("evict": the slot freed, its position,
  * token id and text when the stream holds it, the policy's score and reason), written whole to out, which several

@@ -6,6 +6,7 @@
  *  - eval_token: top-1 (ties to the first index), Δp, ΔNLL, NLL, and KL in the shadow-first direction;
  *  - sample(): top-p 0.5 on {0.6, 0.3, 0.1} draws only token 0 over 1,000 seeds, top-p 0.85 never token 2, and the
  *    temperature's effect on the frequencies within a binomial bound;
+ *  - scan_max and sample_argmax (AVX-512 lanes) against their scalar loops on rows with NaNs, signed zeros, ties;
  *  - passkey_first_integer's edge cases (no digits, leading zeros, a second number, more than 9 digits); digits split
  *    over tokens are tests/test_passkey.sh's (SmolLM2 writes one digit per token).
  */
@@ -224,7 +225,44 @@ static void test_passkey_parser(void) {
           "sign, non-ASCII digits): %d wrong", sizeof cases / sizeof cases[0], bad);
 }
 
+/* scan_max and sample_argmax against their scalar definitions (the loop each documents) on rows that hit the
+ * vector lanes' edges: NaNs first and inside, signed zeros, ties (the first index), infinities, every length 1..70
+ * (a partial block of 16 at each end), the maximum at each position */
+static int argmax_def(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+static float max_def(const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+static void test_argmax(void) {
+    float x[70];
+    int bad = 0, cases = 0;
+    uint64_t rng = 11;
+    for (int n = 1; n <= 70; n++)
+        for (int kind = 0; kind < 7; kind++)
+            for (int at = 0; at < n; at++) {
+                for (int i = 0; i < n; i++) x[i] = (float)(int)(splitmix64(&rng) % 5) - 2.0f;   /* many ties */
+                if (kind == 1) x[at] = NAN;
+                if (kind == 2) x[0] = NAN, x[at] = 7;
+                if (kind == 3) for (int i = 0; i < n; i++) x[i] = i % 2 ? -0.0f : 0.0f;
+                if (kind == 4) x[at] = INFINITY;
+                if (kind == 5) for (int i = 0; i < n; i++) x[i] = i == at ? -1.0f : -INFINITY;
+                if (kind == 6) x[at] = 3, x[n - 1 - at] = 3;   /* two maxima */
+                float m = scan_max(x, n), md = max_def(x, n);
+                int same = (m != m && md != md) || m == md;
+                bad += !same || sample_argmax(x, n) != argmax_def(x, n);
+                cases++;
+            }
+    CHECK(bad == 0, "scan_max and sample_argmax equal their scalar definitions on %d rows of 1..70 logits (NaN first "
+          "or inside, signed zeros, ties, infinities): %d differ", cases, bad);
+}
+
 int main(void) {
+    test_argmax();
     test_kl();
     test_logsumexp();
     test_token();

@@ -1,5 +1,5 @@
 /* exp_neg.h: kvlab's own e^x for x ≤ 0, in f32, one definition for every build: exp_neg (portable C) and exp_neg8
- * (8 lanes, AVX2) give the same bits, so results computed with it do not depend on the instruction set. Used by
+ * (8 lanes, AVX2) and exp_neg16 (16 lanes, AVX-512) give the same bits, so results computed with it do not depend on the instruction set. Used by
  * attention's softmax (kv.c) and the SwiGLU's sigmoid (run.c).
  */
 #ifndef KVLAB_EXP_NEG_H
@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -47,6 +47,22 @@ static inline __m256 exp_neg8(__m256 x) {
     y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
     __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), ok);
+}
+#endif
+#ifdef __AVX512F__
+/* exp_neg8 in 16 lanes: the same operations lane by lane, so the same bits */
+static inline __m512 exp_neg16(__m512 x) {
+    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_NLT_UQ);
+    x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), x);
+    __m512 magic = _mm512_set1_ps(EXP_MAGIC);
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(EXP_C1))),
+                             _mm512_mul_ps(n, _mm512_set1_ps(EXP_C2)));
+    __m512 y = _mm512_set1_ps(exp_poly[0]);
+    for (int k = 1; k < 6; k++) y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(exp_poly[k]));
+    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(ok, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)));
 }
 #endif
 

@@ -84,6 +84,16 @@ void forward_begin(Model *m, RunState *s, const int *tokens, int n, int pos0) {
 void swiglu(float *h, const float *u, int n) {
     int i = 0;
 #ifdef __AVX2__
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {   /* the 8-lane body below in 16 lanes: the same operations */
+        __m512 g = _mm512_loadu_ps(h + i), e = exp_neg16(_mm512_castsi512_ps(
+                                               _mm512_or_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN))));
+        __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ),
+                                          _mm512_mul_ps(g, e), g);
+        _mm512_storeu_ps(h + i, _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0f), e)),
+                                              _mm512_loadu_ps(u + i)));
+    }
+#endif
     __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
     for (; i + 8 <= n; i += 8) {
         __m256 g = _mm256_loadu_ps(h + i), e = exp_neg8(_mm256_or_ps(g, sign));   /* e^−|g| */

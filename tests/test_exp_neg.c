@@ -1,5 +1,6 @@
 /* test_exp_neg: kvlab's own exponential (exp_neg.h) and the SwiGLU gate built on it (run.c's swiglu):
- *  - exp_neg8 (AVX2) gives exp_neg's bits (portable C) on 8M points of [-90, 0], the edges, -0, NaN, -inf;
+ *  - exp_neg8 (AVX2) and exp_neg16 (AVX-512) give exp_neg's bits (portable C) on 8M points of [-90, 0], the edges,
+ *    -0, NaN, -inf;
  *  - exp_neg within 2 ulp of glibc's expf on [-87, 0] (the documented accuracy: Cephes' polynomial, ~1e-7 relative);
  *  - swiglu gives, bit for bit, the definition written here in portable C (g / (1 + e) for g >= 0, g·e / (1 + e)
  *    for g < 0, e = exp_neg(-|g|)), for lengths with and without a vector tail, and is within 3e-7 relative of
@@ -35,6 +36,15 @@ static void test_exp(void) {
 #else
     SKIP("exp_neg8: this build has no AVX2 (exp_neg alone is used)");
 #endif
+#ifdef __AVX512F__
+    for (int i = 0; i + 16 <= N; i += 16) _mm512_storeu_ps(y + i, exp_neg16(_mm512_loadu_ps(x + i)));
+    long diff16 = 0;
+    for (int i = 0; i < N; i++) diff16 += !same_bits(y[i], exp_neg(x[i]));
+    CHECK(diff16 == 0, "exp_neg16 (AVX-512) gives exp_neg's bits on %d points of [-90, 0] and the edges (%ld differ)",
+          N, diff16);
+#else
+    SKIP("exp_neg16: this build has no AVX-512");
+#endif
     double worst = 0;
     for (int i = 0; i < N; i++) {
         if (!(x[i] >= -87.0f)) continue;
@@ -50,7 +60,7 @@ static void test_exp(void) {
 }
 
 static void test_swiglu(void) {
-    int lens[] = {1, 7, 8, 9, 64, 1536, 1543};
+    int lens[] = {1, 7, 8, 9, 24, 25, 64, 1536, 1543};
     for (int li = 0; li < (int)(sizeof lens / sizeof *lens); li++) {
         int n = lens[li];
         float *h = malloc(n * sizeof(float)), *u = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));

@@ -1701,7 +1701,8 @@ static void chan_encode_row(const KVCache *c, const KVLane *ln, int b, int r, co
             __m512 v = _mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(x + e), m), d);
             __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
             __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
-            __m512 rv = _mm512_mask_add_ps(t, up, t, _mm512_or_ps(one, _mm512_and_ps(v, _mm512_set1_ps(-0.0f))));
+            __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN));
+            __m512 rv = _mm512_mask_add_ps(t, up, t, _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(one), sign)));
             rv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ), rv);   /* d > 0, else 0 */
             rv = _mm512_min_ps(top, _mm512_max_ps(rv, zero));   /* max_ps(NaN, 0) is 0, as fmaxf */
             __m128i c8 = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(rv));   /* code e + i in byte i */
@@ -1711,7 +1712,8 @@ static void chan_encode_row(const KVCache *c, const KVLane *ln, int b, int r, co
                                  _mm_packus_epi16(_mm_maddubs_epi16(c8, _mm_set1_epi16(0x1001)), _mm_setzero_si128()));
             else {   /* byte i: codes 4i + 4·(4i + 1) + 16·(4i + 2) + 64·(4i + 3) */
                 __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c8, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
-                int32_t four = _mm_cvtsi128_si32(_mm_cvtepi32_epi8(w));
+                int32_t four = _mm_cvtsi128_si32(_mm_shuffle_epi8(w, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1,
+                                                                              -1, -1, -1, -1, -1, -1)));
                 memcpy(q + e / 4, &four, 4);
             }
         }

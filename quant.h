@@ -61,7 +61,8 @@ static inline float quant_q8_group(int8_t *q, const float *x) {
         __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), vid);
         __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
-        __m512 sgn = _mm512_or_ps(one, _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));   /* ±1 with v's sign */
+        __m512 sgn = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(one),   /* ±1 with v's sign */
+                                                         _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN))));
         __m512 r = _mm512_mask_add_ps(t, up, t, sgn);
         r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_setzero_ps());
         r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, top, _CMP_GE_OQ), r, top);

@@ -296,6 +296,7 @@ float scan_max(const float *x, int n) {
 }
 
 int sample_argmax(const float *logits, int n) {
+    if (n < 1) return 0;
     float mx = scan_max(logits, n);
     if (mx != mx) return 0;   /* logits[0] is NaN: nothing is greater */
     int i = 0;

@@ -356,11 +356,6 @@ void eval_cover_masses(const EvalCover *cv, int lane, const int *pos, int n, con
             for (int j = 0; j < k; j++) r[j] += p[(size_t)j * stride + x];
     for (int j = 0; j < k; j++) out[j] = r[j];
 }
-double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p) {
-    double r;
-    eval_cover_masses(cv, lane, pos, n, p, 0, 1, &r);
-    return r;
-}
 
 /* After a policy's layer l attended at pos < ctx: attention-mass recall = the share of the shadow's probability, from
  * the query heads of each group (mean over them), that falls on the positions the lane holds now; and the top-B

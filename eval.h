@@ -63,10 +63,10 @@ int *eval_calib(Model *m, const Options *o, int k);
  * lane `lane` was merged into the slot at position u (both < ctx, else ignored: no recall is measured there).
  * eval_cover_event: a KVEventFn (kv.h) that applies a cache's merge-on-evict events to the EvalCover ctx, then calls
  * the observer the cache had before (fn, fn_ctx; e.g. -kvlog's writer) with every event.
- * eval_cover_mass: Σ p[x] over every position x covered by the n live slots at positions pos[0..n) of lane `lane`
- * (kv_lane_positions), p (ctx) one distribution over positions; the sum in the order of pos, each list in its order.
- * eval_cover_masses: the same for k <= EVAL_COVER_K distributions p + j·stride (j < k) in one walk of the lists (the
- * walk, a chain of dependent loads, was most of the cost), out[j] the bits eval_cover_mass gives for each. */
+ * eval_cover_masses: out[j] = Σ p_j[x] over every position x covered by the n live slots at positions pos[0..n) of
+ * lane `lane` (kv_lane_positions), for k <= EVAL_COVER_K distributions over positions p_j = p + j·stride (ctx each);
+ * each sum in the order of pos, each list in its order, all k in one walk of the lists (the walk, a chain of
+ * dependent loads, is most of the cost). */
 #define EVAL_COVER_K 4
 typedef struct {
     int n_kv_heads, n_lanes, ctx;
@@ -79,7 +79,6 @@ void eval_cover_free(EvalCover *cv);
 void eval_cover_reset(EvalCover *cv);
 void eval_cover_merge(EvalCover *cv, int lane, int v, int u);
 void eval_cover_event(void *ctx, const KVEvent *ev);
-double eval_cover_mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p);
 void eval_cover_masses(const EvalCover *cv, int lane, const int *pos, int n, const float *p, size_t stride, int k,
                        double *out);
 /* SHA-256 (FIPS 180-4) of data as 64 hex digits and a NUL in hex. */

@@ -263,7 +263,9 @@ static void test_ties(void) {
 
 /* ---- 3. recall: what a merged slot covers ---- */
 static double mass(const EvalCover *cv, int lane, const int *pos, int n, const float *p) {
-    return eval_cover_mass(cv, lane, pos, n, p);
+    double r;
+    eval_cover_masses(cv, lane, pos, n, p, 0, 1, &r);
+    return r;
 }
 
 static int forwarded;

@@ -137,9 +137,9 @@ typedef struct {
     int ctx;
     int pos0;               /* position of the chunk's first token */
     int *spans;             /* (2 * the largest budget) scratch of kv_lane_read */
-    double *group_prob;     /* (threads, ctx) scratch: one GQA group's mean probabilities, for the top-B recall */
+    double *group_prob;     /* (threads, 2·ctx) scratch: one GQA group's mean probabilities and eval_select_kth's
+                               integers, for the top-B recall */
     int *topk_B, n_topk;    /* the policies' distinct budgets B */
-    int *topk_desc;         /* (n_topk) indices of topk_B, the largest budget first */
     double *topk;           /* (chunk, n_topk) the top-B recall of each token of the chunk at the current layer */
 } EvalCtx;
 
@@ -152,19 +152,13 @@ static void eval_ctx_init(EvalCtx *e, const Model *m, PolicyRun *runs, int n_run
     for (int k = 0; k < n_runs; k++) most = runs[k].cache.budget > most ? runs[k].cache.budget : most;
     *e = (EvalCtx){m, &runs[0], calloc((size_t)chunk * m->config.n_heads * ctx, sizeof(float)), ctx, 0,
                    calloc((size_t)2 * most, sizeof(int)), calloc((size_t)run_threads() * 2 * ctx, sizeof(double)),
-                   calloc((size_t)n_runs, sizeof(int)), 0, calloc((size_t)n_runs, sizeof(int)),
-                   calloc((size_t)chunk * n_runs, sizeof(double))};
-    if (!e->shadow_prob || !e->spans || !e->group_prob || !e->topk_B || !e->topk_desc || !e->topk)
+                   calloc((size_t)n_runs, sizeof(int)), 0, calloc((size_t)chunk * n_runs, sizeof(double))};
+    if (!e->shadow_prob || !e->spans || !e->group_prob || !e->topk_B || !e->topk)
         fatal("out of memory for the shadow's attention (%d tokens)", ctx);
     for (int k = 1; k < n_runs; k++) {
         int B = runs[k].cache.policy.budget, seen = 0;
         for (int i = 0; i < e->n_topk; i++) seen |= e->topk_B[i] == B;
         if (!seen) e->topk_B[e->n_topk++] = B;
-    }
-    for (int i = 0; i < e->n_topk; i++) {   /* insertion sort of the indices by budget, descending */
-        int j = i;
-        while (j > 0 && e->topk_B[e->topk_desc[j - 1]] < e->topk_B[i]) { e->topk_desc[j] = e->topk_desc[j - 1]; j--; }
-        e->topk_desc[j] = i;
     }
 }
 static void eval_ctx_free(EvalCtx *e) {
@@ -172,7 +166,6 @@ static void eval_ctx_free(EvalCtx *e) {
     free(e->spans);
     free(e->group_prob);
     free(e->topk_B);
-    free(e->topk_desc);
     free(e->topk);
 }
 
@@ -221,40 +214,78 @@ static void shadow_hook(void *ctx, int l, const KVCache *c, int pos) {
         memcpy(dst + (size_t)h * e->ctx, c->scores + (size_t)h * c->budget, (size_t)n * sizeof(float));
 }
 
-/* x[0..n) reordered so that its k largest (1 <= k <= n) come first, in no particular order: Hoare's selection
- * (quickselect). Returns the k-th largest, the least of them. */
-static double select_top(double *x, int n, int k) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        double pivot = x[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {   /* descending: the large ones to the left */
-            while (x[i] > pivot) i++;
-            while (x[j] < pivot) j--;
-            if (i <= j) { double t = x[i]; x[i] = x[j]; x[j] = t; i++; j--; }
+/* A double's bits as an unsigned integer that orders as the values do (-0 just below +0; a NaN above +inf, or below
+ * -inf with its sign bit set): a negative value's bits all flipped, a positive one's sign bit set. */
+static inline uint64_t order_bits(double v) {
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    return u >> 63 ? ~u : u | (uint64_t)1 << 63;
+}
+static inline double order_value(uint64_t u) {
+    u = u >> 63 ? u & ~((uint64_t)1 << 63) : ~u;
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* eval_select_kth (eval.h): a most-significant-digit radix selection over order_bits, 12 bits a pass (the first pass, the sign and
+ * the exponent, is counted once for every k): each pass counts the candidates' digits, keeps the bin that holds the
+ * k-th largest (k counted down by the candidates above it) and gathers its candidates into buf (n integers of
+ * scratch), until at most 32 are left (then sorted) or the bits run out (then they are all equal). Linear passes with
+ * no data-dependent branch in the counting, where a quickselect's partitions mispredict about every other
+ * comparison; the thresholds are the same numbers either way. */
+#define SELECT_BITS 12
+void eval_select_kth(const double *x, int n, const int *k, int nk, double *thr, uint64_t *buf) {
+    static const int bins = 1 << SELECT_BITS;
+    const int sh0 = 64 - SELECT_BITS;
+    int top[1 << SELECT_BITS], cnt[1 << SELECT_BITS];
+    memset(top, 0, sizeof top);
+    for (int i = 0; i < n; i++) top[order_bits(x[i]) >> sh0]++;
+    for (int j = 0; j < nk; j++) {
+        int want = k[j], b = bins - 1, m = 0;
+        while (want > top[b]) want -= top[b--];
+        for (int i = 0; i < n; i++) {   /* branch-free gather: every value written, the count moves on a match */
+            uint64_t u = order_bits(x[i]);
+            buf[m] = u;
+            m += (int)(u >> sh0) == b;
         }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
+        for (int hi = sh0; m > 32 && hi > 0;) {
+            int w = hi < SELECT_BITS ? hi : SELECT_BITS, sh = hi - w, mask = (1 << w) - 1, mm = 0;
+            memset(cnt, 0, (size_t)(mask + 1) * sizeof(int));
+            for (int i = 0; i < m; i++) cnt[(buf[i] >> sh) & (uint64_t)mask]++;
+            for (b = mask; want > cnt[b];) want -= cnt[b--];
+            for (int i = 0; i < m; i++) {
+                uint64_t u = buf[i];
+                buf[mm] = u;
+                mm += (int)((u >> sh) & (uint64_t)mask) == b;
+            }
+            m = mm;
+            hi = sh;
+        }
+        for (int i = 1; i < m; i++) {   /* the last few, descending (all equal when the bits ran out) */
+            uint64_t u = buf[i];
+            int a = i;
+            for (; a > 0 && buf[a - 1] < u; a--) buf[a] = buf[a - 1];
+            buf[a] = u;
+        }
+        thr[j] = order_value(buf[want - 1]);
     }
-    double least = x[0];
-    for (int i = 1; i < k; i++) least = x[i] < least ? x[i] : least;
-    return least;
 }
 
 /* The top-B recall at pos of the shadow's probabilities sp (n_heads rows of ctx) for the budgets B[0..nb), into
  * out[0..nb): per GQA group, the mass of the shadow's mean probability on its B most attended positions (1 while
- * pos < B: every position), the mean over the groups. Per group, nested selections give each budget's threshold,
- * the B-th largest (the largest budget first, by `desc`, each smaller one within the previous one's top), then one
- * pass over the positions in order sums, for each budget, the values above its threshold, and the threshold is added
- * once for each tie it takes: each figure depends on the probabilities, the position and B alone, not on the other
- * budgets of the run. x: 2·ctx doubles of scratch. */
-static void recall_topk(const EvalCtx *e, const float *sp, int pos, const int *B, const int *desc, int nb, double *x,
-                        double *out) {
+ * pos < B: every position), the mean over the groups. Per group, eval_select_kth gives each budget's threshold, the B-th
+ * largest, then one pass over the positions in order sums, for each budget, the values above its threshold, and the
+ * threshold is added once for each tie it takes: each figure depends on the probabilities, the position and B
+ * alone, not on the other budgets of the run. x: 2·ctx doubles of scratch. */
+static void recall_topk(const EvalCtx *e, const float *sp, int pos, const int *B, int nb, double *x, double *out) {
     const Config *cf = &e->m->config;
     int H = cf->n_heads, G = cf->n_kv_heads, group = H / G, n = pos + 1;
-    double *y = x + e->ctx, thr[nb], top[nb];
-    int above[nb];
+    uint64_t *buf = (uint64_t *)(void *)(x + e->ctx);
+    double thr[nb], top[nb], t[nb];
+    int above[nb], kk[nb], nk = 0;
+    for (int i = 0; i < nb; i++)
+        if (B[i] < n) kk[nk++] = B[i];   /* the budgets that leave something out */
     for (int i = 0; i < nb; i++) out[i] = 0;
     for (int g = 0; g < G; g++) {
         for (int p = 0; p < n; p++) x[p] = 0;
@@ -262,13 +293,8 @@ static void recall_topk(const EvalCtx *e, const float *sp, int pos, const int *B
             const float *ph = sp + (size_t)(g * group + hh) * e->ctx;
             for (int p = 0; p < n; p++) x[p] += ph[p];
         }
-        memcpy(y, x, (size_t)n * sizeof(double));
-        for (int j = 0, lim = n; j < nb; j++) {
-            int i = desc[j];
-            if (B[i] >= n) { thr[i] = -INFINITY; continue; }   /* every position */
-            thr[i] = select_top(y, lim, B[i]);
-            lim = B[i];
-        }
+        eval_select_kth(x, n, kk, nk, t, buf);
+        for (int i = 0, j = 0; i < nb; i++) thr[i] = B[i] < n ? t[j++] : -INFINITY;   /* every position */
         for (int i = 0; i < nb; i++) { top[i] = 0; above[i] = 0; }
         for (int p = 0; p < n; p++)
             for (int i = 0; i < nb; i++)
@@ -293,7 +319,7 @@ static void topk_layer(EvalCtx *e, int nt) {
 #endif
         double *out = e->topk + (size_t)u * e->n_topk;
         if (pos < e->ctx)
-            recall_topk(e, e->shadow_prob + (size_t)u * H * e->ctx, pos, e->topk_B, e->topk_desc, e->n_topk,
+            recall_topk(e, e->shadow_prob + (size_t)u * H * e->ctx, pos, e->topk_B, e->n_topk,
                         e->group_prob + (size_t)tid * 2 * e->ctx, out);
         else for (int i = 0; i < e->n_topk; i++) out[i] = 1;
     }

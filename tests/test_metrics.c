@@ -7,11 +7,13 @@
  *  - sample(): top-p 0.5 on {0.6, 0.3, 0.1} draws only token 0 over 1,000 seeds, top-p 0.85 never token 2, and the
  *    temperature's effect on the frequencies within a binomial bound;
  *  - scan_max and sample_argmax (AVX-512 lanes) against their scalar loops on rows with NaNs, signed zeros, ties;
+ *  - eval_select_kth (the top-B recall's thresholds) against qsort, bit for bit;
  *  - passkey_first_integer's edge cases (no digits, leading zeros, a second number, more than 9 digits); digits split
  *    over tokens are tests/test_passkey.sh's (SmolLM2 writes one digit per token).
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "eval.h"
 #include "tests/check.h"
@@ -261,7 +263,51 @@ static void test_argmax(void) {
           "or inside, signed zeros, ties, infinities): %d differ", cases, bad);
 }
 
+/* descending, for qsort (no NaN among the inputs it sorts) */
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* eval_select_kth against qsort: every k of rows of 1..300 values and of probability-like rows of 8,192 (exponents
+ * over 40 binades, the top-B recall's inputs), with many ties, signed zeros, negatives and infinities: the k-th
+ * largest is the sorted row's element k - 1, bit for bit (and -0 below +0) */
+static void test_select_kth(void) {
+    enum { N = 8192 };
+    static double x[N], s[N];
+    static uint64_t buf[N];
+    static int k[N];
+    static double thr[N];
+    uint64_t rng = 5;
+    int bad = 0, rows = 0, sel = 0;
+    for (int n = 1; n <= 300 + 5; n++) {
+        int big = n > 300, len = big ? N : n, kind = n % 5;
+        for (int i = 0; i < len; i++) {
+            uint64_t r = splitmix64(&rng);
+            if (big) x[i] = ldexp((double)(r >> 11) * 0x1p-53, -(int)(r % 40));   /* (0, 1) over 40 binades */
+            else if (kind == 0) x[i] = (double)(int)(r % 7) - 3.0;                 /* ties */
+            else if (kind == 1) x[i] = r % 3 ? 0.0 : -0.0;                         /* signed zeros only */
+            else if (kind == 2) x[i] = r % 9 == 0 ? INFINITY : r % 9 == 1 ? -INFINITY : (double)(r >> 11) * 0x1p-40 - 1e3;
+            else x[i] = (double)(r >> 11) * 0x1p-53 * (kind == 3 ? 1e-300 : 1.0);   /* tiny, distinct */
+        }
+        if (big && n % 2) for (int i = 0; i < len; i += 3) x[i] = x[0];   /* a third of the row one value */
+        memcpy(s, x, (size_t)len * sizeof(double));
+        qsort(s, (size_t)len, sizeof(double), cmp_desc);
+        for (int i = 1; i < len; i++)   /* qsort keeps -0 and +0 in any order: -0 below +0 */
+            if (s[i - 1] == 0 && s[i] == 0 && signbit(s[i - 1]) && !signbit(s[i])) { s[i - 1] = 0.0; s[i] = -0.0; i = 0; }
+        int nk = big ? 64 : len;
+        for (int j = 0; j < nk; j++) k[j] = big ? 1 + (int)(splitmix64(&rng) % len) : j + 1;
+        eval_select_kth(x, len, k, nk, thr, buf);
+        for (int j = 0; j < nk; j++) bad += memcmp(&thr[j], &s[k[j] - 1], sizeof(double)) != 0;
+        rows++;
+        sel += nk;
+    }
+    CHECK(bad == 0, "eval_select_kth gives the sorted row's k-th value, bit for bit, in %d selections on %d rows (ties, "
+          "signed zeros, infinities, 8,192 values over 40 binades): %d differ", sel, rows, bad);
+}
+
 int main(void) {
+    test_select_kth();
     test_argmax();
     test_kl();
     test_logsumexp();

@@ -478,6 +478,17 @@ static void softmax_inplace(float *x, int n) {
     /* maxps(a, b) is a > b ? a : b, the scalar test below, so the maximum is the same (a NaN is skipped either way;
        which zero wins, +0 or -0, changes no x - max) */
     __m256 mv = _mm256_set1_ps(-INFINITY);
+#ifdef __AVX512F__
+    /* four running maxima of 16, so that the maxps do not wait on each other (one chain paced by its latency was
+       half of a long row's softmax); the maximum does not depend on the order it is taken in */
+    __m512 m4[4];
+    for (int k = 0; k < 4; k++) m4[k] = _mm512_set1_ps(-INFINITY);
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 4; k++) m4[k] = _mm512_max_ps(_mm512_loadu_ps(x + i + 16 * k), m4[k]);
+    for (; i + 16 <= n; i += 16) m4[0] = _mm512_max_ps(_mm512_loadu_ps(x + i), m4[0]);
+    m4[0] = _mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3]));
+    mv = _mm256_max_ps(_mm512_castps512_ps256(m4[0]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m4[0]), 1)));
+#endif
     for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + i), mv);
     float mvals[8];
     _mm256_storeu_ps(mvals, mv);

@@ -227,9 +227,11 @@ static void block_scores(float *const *out, const float *const *q, int nq, const
  * tree (x_j = a_j + a_(j+8), y_j = x_j + x_(j+4), z_j = y_j + y_(j+2), s = z_0 + z_1) is 15 vector adds, with no
  * shuffle: the definition above, operation for operation, so the same bits as block_scores; about 8 vector
  * operations a score against about 10 (the shuffles of tree16), for the transposition's cost once per block (in
- * attn_bench -chunk 64 at 4,096 tokens the chunk's attention ran 3.05-3.14 ms per token against 3.15-3.18). hd =
- * 16·C, C ≤ 8. */
+ * attn_bench -chunk 64 at 4,096 tokens the chunk's attention ran 3.10-3.15 ms per token against 3.22-3.27). hd =
+ * 16·C, C ≤ 8. Below SCORES_T_MIN_ROWS query rows (decode's GQA group of 3) the transposition costs more than it
+ * saves, and block_scores reads the keys in place. */
 #define SCORES_T_MIN_ROWS 16
+_Static_assert(KV_KEY_BLOCK % 16 == 0, "block_scores_t transposes a key block in groups of 16 keys");
 static inline __attribute__((always_inline)) void scores_t_one(float *out, const float *q, const float *kt, int nk,
                                                                float scale, int C) {
     __m512 x[8];

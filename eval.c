@@ -228,12 +228,12 @@ static inline double order_value(uint64_t u) {
     return v;
 }
 
-/* eval_select_kth (eval.h): a most-significant-digit radix selection over order_bits, 12 bits a pass (the first pass, the sign and
- * the exponent, is counted once for every k): each pass counts the candidates' digits, keeps the bin that holds the
- * k-th largest (k counted down by the candidates above it) and gathers its candidates into buf (n integers of
- * scratch), until at most 32 are left (then sorted) or the bits run out (then they are all equal). Linear passes with
- * no data-dependent branch in the counting, where a quickselect's partitions mispredict about every other
- * comparison; the thresholds are the same numbers either way. */
+/* eval_select_kth (eval.h): a most-significant-digit radix selection over order_bits, 12 bits a pass (the first
+ * pass, the sign and the exponent, is counted once for every k): each pass counts the candidates' digits, keeps the
+ * bin that holds the k-th largest (k counted down by the candidates above it) and gathers its candidates into buf (n
+ * integers of scratch), until at most 32 are left (then sorted) or the bits run out (then they are all equal).
+ * Linear passes with no data-dependent branch in the counting, where a quickselect's partitions mispredict about
+ * every other comparison; the thresholds are the same numbers either way. */
 #define SELECT_BITS 12
 void eval_select_kth(const double *x, int n, const int *k, int nk, double *thr, uint64_t *buf) {
     static const int bins = 1 << SELECT_BITS;
@@ -274,9 +274,9 @@ void eval_select_kth(const double *x, int n, const int *k, int nk, double *thr, 
 
 /* The top-B recall at pos of the shadow's probabilities sp (n_heads rows of ctx) for the budgets B[0..nb), into
  * out[0..nb): per GQA group, the mass of the shadow's mean probability on its B most attended positions (1 while
- * pos < B: every position), the mean over the groups. Per group, eval_select_kth gives each budget's threshold, the B-th
- * largest, then one pass over the positions in order sums, for each budget, the values above its threshold, and the
- * threshold is added once for each tie it takes: each figure depends on the probabilities, the position and B
+ * pos < B: every position), the mean over the groups. Per group, eval_select_kth gives each budget's threshold, the
+ * B-th largest, then one pass over the positions in order sums, for each budget, the values above its threshold, and
+ * the threshold is added once for each tie it takes: each figure depends on the probabilities, the position and B
  * alone, not on the other budgets of the run. x: 2·ctx doubles of scratch. */
 static void recall_topk(const EvalCtx *e, const float *sp, int pos, const int *B, int nb, double *x, double *out) {
     const Config *cf = &e->m->config;

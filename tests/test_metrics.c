@@ -288,7 +288,7 @@ static void test_select_kth(void) {
             else if (kind == 0) x[i] = (double)(int)(r % 7) - 3.0;                 /* ties */
             else if (kind == 1) x[i] = r % 3 ? 0.0 : -0.0;                         /* signed zeros only */
             else if (kind == 2) x[i] = r % 9 == 0 ? INFINITY : r % 9 == 1 ? -INFINITY : (double)(r >> 11) * 0x1p-40 - 1e3;
-            else x[i] = (double)(r >> 11) * 0x1p-53 * (kind == 3 ? 1e-300 : 1.0);   /* tiny, distinct */
+            else x[i] = (double)(r >> 11) * 0x1p-53 * (kind == 3 ? 1e-300 : 1.0);   /* distinct, tiny or in (0, 1) */
         }
         if (big && n % 2) for (int i = 0; i < len; i += 3) x[i] = x[0];   /* a third of the row one value */
         memcpy(s, x, (size_t)len * sizeof(double));

@@ -24,8 +24,8 @@ long passkey_first_integer(const char *text);
 double eval_logsumexp(const float *x, int n);
 double eval_kl_div(const float *a, double lse_a, const float *b, double lse_b, int n);
 /* eval_select_kth: thr[j] = the k[j]-th largest of x[0..n) for 1 <= k[j] <= n, j < nk, exactly (the value a
- * descending sort puts at k[j] - 1; -0 below +0, a NaN above +inf or, with its sign bit set, below -inf); buf: n integers of scratch. The top-B recall's
- * thresholds (a radix selection: eval.c says how). */
+ * descending sort puts at k[j] - 1; -0 below +0, a NaN above +inf or, with its sign bit set, below -inf); buf: n
+ * integers of scratch. The top-B recall's thresholds (a radix selection: eval.c says how). */
 void eval_select_kth(const double *x, int n, const int *k, int nk, double *thr, uint64_t *buf);
 /* One token, the distribution q = softmax(x) of a policy (or of a second model) against the reference p =
  * softmax(ref) of the shadow (or of the first model), y the true next token. The direction is KL(p_ref ‖ q). */
